@@ -1,0 +1,72 @@
+"""The machine's two entry points: one client request, or one timer pass.
+
+``handle`` runs the request's handler and then, in the same transaction, every
+internal step its writes enabled.  ``tick`` fires every step due at ``now``.  Both are
+pure over the ``Tx`` they are given: no clock, no I/O (ARCHITECTURE rule 1, 2).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from troth.machine import promises, schedules, search, tasks
+from troth.machine.internal import Config, Recorder, fire_due, settle_enabled
+from troth.machine.state import Response, error
+from troth.machine.tx import Tx
+from troth.protocol import requests as rq
+from troth.protocol.requests import BadRequest
+
+Handler = Callable[[Tx, Any, int], Response]
+
+HANDLERS: dict[type[rq.Req], Handler] = {
+    rq.PromiseGet: promises.promise_get,
+    rq.PromiseCreate: promises.promise_create,
+    rq.PromiseSettle: promises.promise_settle,
+    rq.PromiseRegisterCallback: promises.promise_register_callback,
+    rq.PromiseRegisterListener: promises.promise_register_listener,
+    rq.PromiseSearch: search.promise_search,
+    rq.TaskGet: tasks.task_get,
+    rq.TaskCreate: tasks.task_create,
+    rq.TaskAcquire: tasks.task_acquire,
+    rq.TaskHeartbeat: tasks.task_heartbeat,
+    rq.TaskSuspend: tasks.task_suspend,
+    rq.TaskFulfill: tasks.task_fulfill,
+    rq.TaskRelease: tasks.task_release,
+    rq.TaskHalt: tasks.task_halt,
+    rq.TaskContinue: tasks.task_continue,
+    rq.TaskSearch: search.task_search,
+    rq.ScheduleGet: schedules.schedule_get,
+    rq.ScheduleCreate: schedules.schedule_create,
+    rq.ScheduleDelete: schedules.schedule_delete,
+    rq.ScheduleSearch: search.schedule_search,
+}
+
+#: Kinds that never write: they may be served without the writer.
+READ_ONLY = frozenset(
+    {rq.PromiseGet, rq.TaskGet, rq.ScheduleGet, rq.PromiseSearch, rq.TaskSearch, rq.ScheduleSearch}
+)
+
+
+def handle(tx: Tx, req: rq.Req, now: int, config: Config, head: dict[str, Any]) -> Response:
+    """Answer one client request at ``now`` and fire what it enabled."""
+    rec = Recorder(tx)
+    try:
+        if isinstance(req, rq.TaskFence):
+            response = tasks.task_fence(rec, req, now, head)
+        else:
+            handler = HANDLERS.get(type(req))
+            if handler is None:
+                return error(400, f"Unsupported request {type(req).__name__}")
+            response = handler(rec, req, now)
+    except BadRequest as exc:
+        # Raised only by validation, before any write.
+        return error(400, str(exc))
+    if rec.promises or rec.tasks:
+        settle_enabled(rec, now, config)
+    return response
+
+
+def tick(tx: Tx, now: int, config: Config) -> int:
+    """One timer pass: fire every step due at ``now``; returns how many objects were due."""
+    return fire_due(Recorder(tx), now, config)
