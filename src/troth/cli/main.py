@@ -1,0 +1,76 @@
+"""``troth serve`` and ``troth dev``.
+
+``serve`` runs the server on the configured store (SQLite file ``troth.db`` by
+default).  ``dev`` is ``serve --debug`` on a fresh in-memory store: zero
+configuration, nothing left behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from troth import __version__
+from troth.server.config import ConfigError, Settings, load
+
+
+def add_server_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="path of a troth.toml (default: ./troth.toml if present)")
+    p.add_argument("--host", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port (default 8001)")
+    p.add_argument("--store", choices=["memory", "sqlite"], help="storage backend")
+    p.add_argument("--db", help="SQLite database file (default troth.db)")
+    p.add_argument("--synchronous", choices=["full", "normal"], help="SQLite durability")
+    p.add_argument(
+        "--debug",
+        action="store_const",
+        const=True,
+        help="enable debug.* operations and resonate:debug_time",
+    )
+    p.add_argument("--retry-timeout", type=int, help="ms between re-dispatches (default 5000)")
+    p.add_argument("--max-body", type=int, help="largest request body in bytes (default 10 MiB)")
+    p.add_argument("--log-level", help="debug, info, warning, error")
+    p.add_argument("--server-url", help="URL that execute messages carry as head.serverUrl")
+
+
+def settings_from(args: argparse.Namespace, base: Settings | None = None) -> Settings:
+    overrides: dict[str, Any] = {
+        "host": args.host,
+        "port": args.port,
+        "store": args.store,
+        "db": args.db,
+        "synchronous": args.synchronous,
+        "debug": args.debug,
+        "retry_timeout": args.retry_timeout,
+        "max_body": args.max_body,
+        "log_level": args.log_level,
+        "server_url": args.server_url,
+    }
+    return load(overrides, toml_path=args.config, base=base)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="troth", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"troth {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the server")
+    add_server_flags(serve)
+    dev = sub.add_parser("dev", help="run a debug server on a fresh in-memory store")
+    add_server_flags(dev)
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "dev":
+            settings = settings_from(args, Settings(store="memory", debug=True))
+        else:
+            settings = settings_from(args)
+    except ConfigError as exc:
+        print(f"troth: {exc}", file=sys.stderr)
+        return 2
+    from troth.server.run import serve as run_server
+
+    return run_server(settings)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,88 @@
+"""The request/response envelope of ``POST /`` (SDK-CLIENTS.md §2.2).
+
+Both SDKs reject a response whose ``kind`` or ``corrId`` differs from the request's,
+so even a refused envelope echoes whatever of them can be dug out of the body.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from troth import PROTOCOL_VERSION
+
+
+class Head(msgspec.Struct, frozen=True):
+    corrId: str
+    version: str
+    debug_time: int | None = msgspec.field(default=None, name="resonate:debug_time")
+
+
+class Envelope(msgspec.Struct, frozen=True):
+    kind: str
+    head: Head
+    data: msgspec.Raw
+
+
+class EnvelopeError(Exception):
+    """A 400 about the envelope itself, with what could be recovered for the echo."""
+
+    def __init__(self, message: str, kind: str, corr_id: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.corr_id = corr_id
+
+
+_envelope = msgspec.json.Decoder(Envelope)
+_loose = msgspec.json.Decoder()
+_encoder = msgspec.json.Encoder()
+
+
+def decode_envelope(body: bytes) -> Envelope:
+    """Decode and check an envelope; raises :class:`EnvelopeError` (400)."""
+    try:
+        env = _envelope.decode(body)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        kind, corr = salvage(body)
+        raise EnvelopeError(f"Invalid request envelope: {exc}", kind, corr) from None
+    if not env.kind:
+        raise EnvelopeError("Invalid request envelope: kind must not be empty", "", env.head.corrId)
+    if env.head.version != PROTOCOL_VERSION:
+        raise EnvelopeError(
+            f"Unsupported protocol version {env.head.version!r}: this server speaks "
+            f"{PROTOCOL_VERSION}",
+            env.kind,
+            env.head.corrId,
+        )
+    raw = bytes(env.data).lstrip()
+    if not raw.startswith(b"{"):
+        raise EnvelopeError(
+            "Invalid request envelope: data must be an object", env.kind, env.head.corrId
+        )
+    return env
+
+
+def salvage(body: bytes) -> tuple[str, str]:
+    """Best-effort ``kind`` and ``corrId`` of an envelope that did not decode."""
+    try:
+        obj: Any = _loose.decode(body)
+    except msgspec.DecodeError:
+        return "unknown", "0"
+    if not isinstance(obj, dict):
+        return "unknown", "0"
+    kind = obj.get("kind")
+    head = obj.get("head")
+    corr = head.get("corrId") if isinstance(head, dict) else None
+    return (kind if isinstance(kind, str) else "unknown", corr if isinstance(corr, str) else "0")
+
+
+def encode_response(kind: str, corr_id: str, status: int, data: object) -> bytes:
+    """One encode per response: the envelope with HTTP status = ``head.status``."""
+    return _encoder.encode(
+        {
+            "kind": kind,
+            "head": {"corrId": corr_id, "status": status, "version": PROTOCOL_VERSION},
+            "data": data,
+        }
+    )

@@ -1,0 +1,231 @@
+"""The ASGI application: ``POST /``, ``/health``, ``/ready``, legacy paths.
+
+A plain ASGI callable, no framework: the protocol has one endpoint and a handful of
+GET routes, and every layer between the socket and the engine costs throughput.
+It can be driven without a socket (tests pass it to httpx's ASGI transport).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+import msgspec
+
+from troth import PROTOCOL_VERSION
+from troth.machine.state import Response
+from troth.protocol import requests as rq
+from troth.protocol.envelope import EnvelopeError, decode_envelope, encode_response
+from troth.protocol.requests import BadRequest, decode_data
+from troth.server.config import Settings
+from troth.server.engine import Engine
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+log = logging.getLogger("troth.server")
+access = logging.getLogger("troth.access")
+
+LEGACY_PREFIXES = ("/promises", "/tasks", "/schedules")
+JSON = [(b"content-type", b"application/json")]
+_json = msgspec.json.Encoder()
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+class App:
+    """The troth HTTP application around one :class:`Engine`."""
+
+    def __init__(self, engine: Engine, settings: Settings) -> None:
+        self.engine = engine
+        self.settings = settings
+        self.started = False
+
+    # -- ASGI entry point -----------------------------------------------------------
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            await self.http(scope, receive, send)
+        elif kind == "lifespan":
+            await self.lifespan(receive, send)
+
+    async def lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    await self.startup()
+                except Exception as exc:
+                    log.exception("startup failed")
+                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.shutdown()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def startup(self) -> None:
+        if not self.started:
+            await self.engine.start()
+            self.started = True
+
+    async def shutdown(self) -> None:
+        if self.started:
+            await self.engine.stop()
+            self.started = False
+
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path: str = scope["path"]
+        method: str = scope["method"]
+        if path == "/":
+            if method != "POST":
+                await respond(send, 405, {"error": "use POST / with a protocol envelope"})
+                return
+            await self.protocol(scope, receive, send)
+        elif path == "/health":
+            await respond(send, 200, {"status": "ok"})
+        elif path == "/ready":
+            await self.ready(send)
+        elif path.startswith(LEGACY_PREFIXES):
+            await respond(
+                send,
+                410,
+                {
+                    "error": "This endpoint is no longer supported. "
+                    f"Please update to an SDK that speaks protocol {PROTOCOL_VERSION}."
+                },
+            )
+        else:
+            await respond(send, 404, {"error": f"no route for {method} {path}"})
+
+    async def ready(self, send: Send) -> None:
+        try:
+            await asyncio.wait_for(self.engine.exclusive(self.engine.store.ping), 2.0)
+        except Exception as exc:
+            await respond(send, 503, {"status": "unavailable", "error": str(exc)})
+            return
+        await respond(send, 200, {"status": "ready", "store": self.engine.store.name})
+
+    # -- POST / ---------------------------------------------------------------------
+
+    async def protocol(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = time.perf_counter()
+        try:
+            body = await read_body(scope, receive, self.settings.max_body)
+        except BodyTooLarge:
+            await self.answer(send, "unknown", "0", 413, "Request body too large", started)
+            return
+        try:
+            env = decode_envelope(body)
+        except EnvelopeError as exc:
+            await self.answer(send, exc.kind, exc.corr_id, 400, str(exc), started)
+            return
+        kind, corr = env.kind, env.head.corrId
+        if kind.startswith("debug.") and not self.settings.debug:
+            await self.answer(send, kind, corr, 403, "Debug operations are disabled", started)
+            return
+        try:
+            req = decode_data(kind, env.data)
+        except BadRequest as exc:
+            await self.answer(send, kind, corr, 400, str(exc), started)
+            return
+        now = self.engine.clock()
+        if self.settings.debug and env.head.debug_time is not None:
+            now = env.head.debug_time
+        try:
+            if kind.startswith("debug."):
+                response = await self.debug(kind, req, env.head.debug_time)
+            else:
+                response = await self.engine.request(req, now, {"version": env.head.version})
+        except Exception:
+            log.exception("internal error serving %s corrId=%s", kind, corr)
+            await self.answer(
+                send,
+                kind,
+                corr,
+                500,
+                f"Internal error (corrId {corr}); nothing was changed",
+                started,
+            )
+            return
+        await self.answer(send, kind, corr, response.status, response.data, started)
+
+    async def answer(
+        self, send: Send, kind: str, corr: str, status: int, data: object, started: float
+    ) -> None:
+        body = encode_response(kind, corr, status, data)
+        await send_bytes(send, status, body)
+        access.info(
+            "%s corrId=%s status=%d ms=%.2f",
+            kind,
+            corr,
+            status,
+            (time.perf_counter() - started) * 1000,
+        )
+
+    async def debug(self, kind: str, req: rq.Req, debug_time: int | None) -> Response:
+        """The debug surface (only with ``--debug``): pause, reset, inspect, fire."""
+        engine = self.engine
+        if isinstance(req, rq.DebugTick):
+            if debug_time is not None and debug_time != req.time:
+                return Response(400, "debug.tick time must equal head resonate:debug_time")
+            fired = await engine.tick(req.time)
+            return Response(200, {"fired": fired})
+        if kind == "debug.start":
+            engine.pause()
+        elif kind == "debug.stop":
+            engine.resume()
+        elif kind == "debug.reset":
+            await engine.exclusive(engine.store.reset)
+        elif kind == "debug.snap":
+            return Response(200, await engine.exclusive(engine.store.snapshot))
+        return Response(200, {})
+
+
+async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
+    """The whole request body, refusing (413) past ``limit`` without buffering it all."""
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            try:
+                if int(value) > limit:
+                    raise BodyTooLarge
+            except ValueError:
+                pass
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            break
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks)
+
+
+async def send_bytes(send: Send, status: int, body: bytes) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [*JSON, (b"content-length", str(len(body)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+async def respond(send: Send, status: int, obj: object) -> None:
+    await send_bytes(send, status, _json.encode(obj))

@@ -1,0 +1,108 @@
+"""Configuration: defaults < ``troth.toml`` < ``TROTH_*`` environment < flags.
+
+Every setting has one name in every form: ``retry_timeout`` is ``retry_timeout`` in
+the TOML file, ``TROTH_RETRY_TIMEOUT`` in the environment and ``--retry-timeout`` on
+the command line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Settings:
+    host: str = "127.0.0.1"
+    port: int = 8001
+    store: str = "sqlite"  # memory | sqlite
+    db: str = "troth.db"
+    synchronous: str = "full"  # full | normal (SQLite)
+    debug: bool = False
+    retry_timeout: int = 5000  # ms; how often a pending task re-emits its execute
+    max_body: int = 10 * 1024 * 1024  # bytes; larger POST bodies get 413
+    log_level: str = "info"
+    access_log: bool = True
+    server_url: str = ""  # goes into execute messages' head.serverUrl
+
+    def __post_init__(self) -> None:
+        if self.store not in ("memory", "sqlite"):
+            raise ConfigError(f"store must be memory or sqlite, not {self.store!r}")
+        if self.synchronous not in ("full", "normal"):
+            raise ConfigError(f"synchronous must be full or normal, not {self.synchronous!r}")
+        if self.retry_timeout <= 0:
+            raise ConfigError("retry_timeout must be > 0 (milliseconds)")
+        if self.max_body <= 0:
+            raise ConfigError("max_body must be > 0 (bytes)")
+        if not 0 < self.port < 65536:
+            raise ConfigError(f"port must be 1..65535, not {self.port}")
+        if self.log_level.lower() not in ("debug", "info", "warning", "error", "critical"):
+            raise ConfigError(f"unknown log_level {self.log_level!r}")
+
+    @property
+    def url(self) -> str:
+        return self.server_url or f"http://{self.host}:{self.port}"
+
+
+NAMES = {f.name for f in fields(Settings)}
+
+
+def coerce(name: str, value: Any) -> Any:
+    """Convert a TOML or environment value to the field's type, with a clear error."""
+    default = getattr(Settings, name)
+    try:
+        if isinstance(default, bool):
+            if isinstance(value, bool):
+                return value
+            text = str(value).strip().lower()
+            if text in ("1", "true", "yes", "on"):
+                return True
+            if text in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(value)
+        if isinstance(default, int):
+            return int(value)
+        return str(value)
+    except ValueError:
+        raise ConfigError(f"invalid value for {name}: {value!r}") from None
+
+
+def load(
+    overrides: dict[str, Any] | None = None,
+    *,
+    environ: dict[str, str] | None = None,
+    toml_path: str | None = None,
+    base: Settings | None = None,
+) -> Settings:
+    """Merge the sources in order; ``overrides`` are flags given on the command line."""
+    values: dict[str, Any] = {}
+    path = Path(toml_path) if toml_path else Path("troth.toml")
+    if toml_path and not path.exists():
+        raise ConfigError(f"config file {toml_path} not found")
+    if path.exists():
+        try:
+            data = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: {exc}") from None
+        for key, value in data.items():
+            name = key.replace("-", "_")
+            if name not in NAMES:
+                raise ConfigError(f"{path}: unknown setting {key!r}")
+            values[name] = coerce(name, value)
+    env = os.environ if environ is None else environ
+    for name in NAMES:
+        key = f"TROTH_{name.upper()}"
+        if key in env:
+            values[name] = coerce(name, env[key])
+    for name, value in (overrides or {}).items():
+        if value is not None:
+            values[name] = value
+    return dataclasses.replace(base or Settings(), **values)

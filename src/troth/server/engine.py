@@ -1,0 +1,314 @@
+"""The engine: runs requests in store transactions and drives the timer.
+
+One writer thread owns the store.  It takes every request that is waiting, runs them
+in one transaction (group commit: one fsync for the batch, each request isolated in
+its own overlay), commits once and answers them all.  The event loop never blocks on
+SQLite.
+
+The timer sleeps until the store's earliest deadline.  A commit that armed an
+earlier deadline wakes it at once; there is no polling tick.  Its unit of work is
+``machine.core.tick`` (ARCHITECTURE rule 4): the engine loops it, and stops it on
+shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import math
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from troth.machine.core import handle, tick
+from troth.machine.internal import Config
+from troth.machine.state import Response
+from troth.protocol import requests as rq
+from troth.store.base import Job, Outcome, Overlay, Store, Writes
+from troth.store.memory import promise_deadline, task_deadline
+
+log = logging.getLogger("troth.engine")
+T = TypeVar("T")
+
+#: Most jobs one transaction takes.
+MAX_BATCH = 256
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def earliest_deadline(writes: Writes) -> int | None:
+    """The earliest deadline a job's writes armed (a hint for the timer only)."""
+    best: int | None = None
+    for p in writes.promises.values():
+        d = promise_deadline(p)
+        if d is not None and (best is None or d < best):
+            best = d
+    for t in writes.tasks.values():
+        d = task_deadline(t)
+        if d is not None and (best is None or d < best):
+            best = d
+    for s in writes.schedules.values():
+        if s is not None and (best is None or s.next_run_at < best):
+            best = s.next_run_at
+    return best
+
+
+@dataclass
+class _Work:
+    job: Job[Any] | None
+    exclusive: Callable[[], Any] | None
+    future: asyncio.Future[Any]
+    loop: asyncio.AbstractEventLoop
+
+
+@dataclass
+class EngineStats:
+    batches: int = 0
+    jobs: int = 0
+    ticks: int = 0
+    fired: int = 0
+    largest_batch: int = 0
+    extra: dict[str, int] = field(default_factory=dict)
+
+
+class Engine:
+    """Owns the store's writer thread and the timer task."""
+
+    def __init__(
+        self,
+        store: Store,
+        config: Config,
+        *,
+        clock: Callable[[], int] = wall_clock_ms,
+        on_commit: Callable[[int], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.config = config
+        self.clock = clock
+        self.on_commit = on_commit
+        self.stats = EngineStats()
+        self.paused = False
+        self._queue: queue.SimpleQueue[_Work | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._timer: asyncio.Task[None] | None = None
+        self._wake: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._target = math.inf  # the instant the timer sleeps until
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        self._thread = threading.Thread(target=self._writer, name="troth-writer", daemon=True)
+        self._thread.start()
+        self._timer = asyncio.create_task(self._run_timer(), name="troth-timer")
+
+    async def stop(self) -> None:
+        """Stop the timer, let the writer finish what was queued, close the store."""
+        if self._timer is not None:
+            self._timer.cancel()
+            try:
+                await self._timer
+            except asyncio.CancelledError:
+                pass
+            self._timer = None
+        if self._thread is not None:
+            self._queue.put(None)
+            await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
+            self._thread = None
+        self.store.close()
+
+    # -- submitting work --------------------------------------------------------------
+
+    async def run(self, fn: Callable[[Overlay], T], now: int) -> T:
+        """Run ``fn`` as one job of a batch; raises what the job raised."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Outcome[T]] = loop.create_future()
+        self._queue.put(_Work(Job(fn, now), None, fut, loop))
+        outcome = await fut
+        if outcome.error is not None:
+            raise outcome.error
+        return outcome.value  # type: ignore[return-value]
+
+    async def exclusive(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` on the writer thread between batches (reset, snapshot, ping)."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[T] = loop.create_future()
+        self._queue.put(_Work(None, fn, fut, loop))
+        return await fut
+
+    async def request(self, req: rq.Req, now: int, head: dict[str, Any]) -> Response:
+        return await self.run(lambda tx: handle(tx, req, now, self.config, head), now)
+
+    async def tick(self, now: int) -> int:
+        """Fire every step due at ``now`` until nothing more is due (``debug.tick``)."""
+        total = 0
+        for _ in range(1000):
+            fired = await self.run(lambda tx: tick(tx, now, self.config), now)
+            total += fired
+            if fired == 0:
+                break
+        return total
+
+    def pause(self) -> None:
+        self.paused = True
+
+    def resume(self) -> None:
+        self.paused = False
+        self._poke(-math.inf)
+
+    # -- the writer thread --------------------------------------------------------------
+
+    def _writer(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is None:
+                return
+            if first.exclusive is not None:
+                self._run_exclusive(first)
+                continue
+            works = [first]
+            stop = False
+            while len(works) < MAX_BATCH:
+                try:
+                    nxt = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    stop = True
+                    break
+                if nxt.exclusive is not None:
+                    self._run_batch(works)
+                    works = []
+                    self._run_exclusive(nxt)
+                    continue
+                works.append(nxt)
+            if works:
+                self._run_batch(works)
+            if stop:
+                return
+
+    def _run_exclusive(self, work: _Work) -> None:
+        assert work.exclusive is not None
+        try:
+            value = work.exclusive()
+        except BaseException as exc:
+            work.loop.call_soon_threadsafe(_set_exception, work.future, exc)
+        else:
+            work.loop.call_soon_threadsafe(_set_result, work.future, value)
+
+    def _run_batch(self, works: list[_Work]) -> None:
+        jobs = [w.job for w in works if w.job is not None]
+        wrapped = [Job(_remembering(j.fn), j.now) for j in jobs]
+        try:
+            outcomes = self.store.execute(wrapped)
+        except BaseException as exc:  # the store itself broke: fail the batch
+            log.exception("batch of %d failed", len(works))
+            outcomes = [Outcome(error=exc) for _ in works]
+        self.stats.batches += 1
+        self.stats.jobs += len(works)
+        self.stats.largest_batch = max(self.stats.largest_batch, len(works))
+        earliest = math.inf
+        for o in outcomes:
+            if o.wrote and isinstance(o.value, _Remembered):
+                if o.value.earliest is not None:
+                    earliest = min(earliest, o.value.earliest)
+        results: list[tuple[asyncio.Future[Any], Outcome[Any]]] = []
+        for w, o in zip(works, outcomes, strict=True):
+            if isinstance(o.value, _Remembered):
+                o = Outcome(value=o.value.value, error=o.error, wrote=o.wrote)
+            results.append((w.future, o))
+        loop = works[0].loop
+        loop.call_soon_threadsafe(_deliver, results)
+        if earliest < self._target:
+            loop.call_soon_threadsafe(self._poke, earliest)
+        if self.on_commit is not None and any(o.wrote for o in outcomes):
+            self.on_commit(len(works))
+
+    # -- the timer ------------------------------------------------------------------------
+
+    def _tick_job(self, tx: Overlay, now: int) -> tuple[int, bool]:
+        fired = tick(tx, now, self.config)
+        return fired, bool(tx.writes)
+
+    def _poke(self, instant: float) -> None:
+        if instant < self._target and self._wake is not None:
+            self._target = instant
+            self._wake.set()
+
+    async def _run_timer(self) -> None:
+        assert self._wake is not None
+        while True:
+            self._wake.clear()
+            if self.paused:
+                self._target = math.inf
+                await self._wake.wait()
+                continue
+            try:
+                deadline = await self.exclusive(self._next_deadline)
+                now = self.clock()
+                if deadline is not None and deadline <= now:
+                    fired, wrote = await self.run(functools.partial(self._tick_job, now=now), now)
+                    self.stats.ticks += 1
+                    self.stats.fired += fired
+                    if wrote:
+                        continue
+                    # Due but nothing to change (an orphan row): do not spin on it.
+                    log.warning("deadline %d due at %d changed nothing; backing off", deadline, now)
+                    deadline = now + 1000
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("timer pass failed; retrying in 1 s")
+                deadline = now = self.clock()
+                deadline += 1000
+            self._target = math.inf if deadline is None else deadline
+            delay = None if deadline is None else max(deadline - self.clock(), 0) / 1000
+            try:
+                await asyncio.wait_for(self._wake.wait(), delay)
+            except TimeoutError:
+                pass
+
+    def _next_deadline(self) -> int | None:
+        return self.store.read(lambda tx: tx.next_deadline())
+
+
+class _Remembered:
+    """A job's value plus the earliest deadline its writes armed."""
+
+    __slots__ = ("earliest", "value")
+
+    def __init__(self, value: Any, earliest: int | None) -> None:
+        self.value = value
+        self.earliest = earliest
+
+
+def _remembering(fn: Callable[[Overlay], Any]) -> Callable[[Overlay], _Remembered]:
+    def run(tx: Overlay) -> _Remembered:
+        value = fn(tx)
+        return _Remembered(value, earliest_deadline(tx.writes))
+
+    return run
+
+
+def _deliver(results: list[tuple[asyncio.Future[Any], Outcome[Any]]]) -> None:
+    for fut, outcome in results:
+        if not fut.done():
+            fut.set_result(outcome)
+
+
+def _set_result(fut: asyncio.Future[Any], value: Any) -> None:
+    if not fut.done():
+        fut.set_result(value)
+
+
+def _set_exception(fut: asyncio.Future[Any], exc: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(exc)
