@@ -32,6 +32,10 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-body", type=int, help="largest request body in bytes (default 10 MiB)")
     p.add_argument("--log-level", help="debug, info, warning, error")
     p.add_argument("--server-url", help="URL that execute messages carry as head.serverUrl")
+    p.add_argument("--keepalive", type=float, help="seconds between SSE keep-alives (default 5)")
+    p.add_argument("--send-timeout", type=float, help="seconds before a send is unknown (30)")
+    p.add_argument("--max-attempts", type=int, help="sends of one outbox row before it fails (5)")
+    p.add_argument("--dispatch-concurrency", type=int, help="sends in flight at once (64)")
 
 
 def settings_from(args: argparse.Namespace, base: Settings | None = None) -> Settings:
@@ -46,6 +50,10 @@ def settings_from(args: argparse.Namespace, base: Settings | None = None) -> Set
         "max_body": args.max_body,
         "log_level": args.log_level,
         "server_url": args.server_url,
+        "keepalive": args.keepalive,
+        "send_timeout": args.send_timeout,
+        "max_attempts": args.max_attempts,
+        "dispatch_concurrency": args.dispatch_concurrency,
     }
     return load(overrides, toml_path=args.config, base=base)
 

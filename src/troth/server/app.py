@@ -21,7 +21,10 @@ from troth.protocol import requests as rq
 from troth.protocol.envelope import EnvelopeError, decode_envelope, encode_response
 from troth.protocol.requests import BadRequest, decode_data
 from troth.server.config import Settings
+from troth.server.delivery import DeliveryLoop
 from troth.server.engine import Engine
+from troth.server.metrics import Metrics
+from troth.transport.poll import Connection, Registry
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -43,10 +46,24 @@ class BodyTooLarge(Exception):
 class App:
     """The troth HTTP application around one :class:`Engine`."""
 
-    def __init__(self, engine: Engine, settings: Settings) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        settings: Settings,
+        *,
+        metrics: Metrics | None = None,
+        registry: Registry | None = None,
+        delivery: DeliveryLoop | None = None,
+        on_shutdown: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
         self.engine = engine
         self.settings = settings
+        self.metrics = metrics or Metrics()
+        self.registry = registry or Registry()
+        self.delivery = delivery
+        self.on_shutdown = on_shutdown
         self.started = False
+        self.closing = asyncio.Event()
 
     # -- ASGI entry point -----------------------------------------------------------
 
@@ -76,10 +93,18 @@ class App:
     async def startup(self) -> None:
         if not self.started:
             await self.engine.start()
+            if self.delivery is not None:
+                self.delivery.start()
             self.started = True
 
     async def shutdown(self) -> None:
+        """Stop delivery first (no new sends), then the engine (commits what is queued)."""
         if self.started:
+            self.closing.set()
+            if self.delivery is not None:
+                await self.delivery.stop()
+            if self.on_shutdown is not None:
+                await self.on_shutdown()
             await self.engine.stop()
             self.started = False
 
@@ -95,6 +120,22 @@ class App:
             await respond(send, 200, {"status": "ok"})
         elif path == "/ready":
             await self.ready(send)
+        elif path.startswith("/poll/") and method == "GET":
+            parts = path.split("/")
+            if len(parts) != 4 or not parts[2] or not parts[3]:
+                await respond(send, 404, {"error": "use GET /poll/{group}/{id}"})
+                return
+            await self.poll(receive, send, parts[2], parts[3])
+        elif path == "/metrics" and method == "GET":
+            body = self.metrics.render().encode()
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [(b"content-type", b"text/plain; version=0.0.4")],
+                }
+            )
+            await send({"type": "http.response.body", "body": body})
         elif path.startswith(LEGACY_PREFIXES):
             await respond(
                 send,
@@ -164,13 +205,93 @@ class App:
     ) -> None:
         body = encode_response(kind, corr, status, data)
         await send_bytes(send, status, body)
-        access.info(
-            "%s corrId=%s status=%d ms=%.2f",
-            kind,
-            corr,
-            status,
-            (time.perf_counter() - started) * 1000,
+        seconds = time.perf_counter() - started
+        self.metrics.inc("troth_requests_total", kind=kind, status=str(status))
+        self.metrics.observe("troth_request_seconds", seconds, kind=kind)
+        access.info("%s corrId=%s status=%d ms=%.2f", kind, corr, status, seconds * 1000)
+
+    # -- GET /poll/{group}/{id}: SSE ---------------------------------------------------
+
+    async def poll(self, receive: Receive, send: Send, group: str, id: str) -> None:
+        """Hold an SSE stream open for a worker: one ``data:`` line per message, LF
+        framing, comment keep-alives (which also reveal a dead peer)."""
+        conn = self.registry.connect(group, id)
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    (b"content-type", b"text/event-stream"),
+                    (b"cache-control", b"no-cache"),
+                    (b"x-accel-buffering", b"no"),
+                ],
+            }
         )
+        gone = asyncio.Event()
+
+        async def watch() -> None:
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    gone.set()
+                    return
+
+        watcher = asyncio.create_task(watch())
+        closing = asyncio.create_task(self.closing.wait())
+        if self.delivery is not None:
+            self.delivery.wake_here()  # rows waiting for this address can go now
+        try:
+            await send(
+                {"type": "http.response.body", "body": b": connected\n\n", "more_body": True}
+            )
+            while not gone.is_set() and not self.closing.is_set():
+                await self.pump(conn, send, watcher, closing)
+        finally:
+            self.registry.disconnect(conn)
+            watcher.cancel()
+            closing.cancel()
+        if not gone.is_set():
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def pump(
+        self,
+        conn: Connection,
+        send: Send,
+        watcher: asyncio.Task[None],
+        closing: asyncio.Task[bool],
+    ) -> None:
+        """Write the next message, or a keep-alive when none came in time."""
+        getter = asyncio.create_task(conn.queue.get())
+        done, _ = await asyncio.wait(
+            {getter, watcher, closing},
+            timeout=self.settings.keepalive,
+            return_when=asyncio.FIRST_COMPLETED,
+        )
+        if getter not in done:
+            getter.cancel()
+            try:
+                await getter  # it may have taken an item just before the cancel
+            except asyncio.CancelledError:
+                if not done:
+                    keepalive = b": keepalive\n\n"
+                    await send({"type": "http.response.body", "body": keepalive, "more_body": True})
+                return
+        delivery = getter.result()
+        if watcher.done():
+            delivery.done.set_result(False)  # peer gone before the write: never left
+            return
+        try:
+            await send(
+                {
+                    "type": "http.response.body",
+                    "body": b"data: " + delivery.payload + b"\n\n",
+                    "more_body": True,
+                }
+            )
+        except BaseException as exc:
+            delivery.done.set_exception(exc)
+            raise
+        delivery.done.set_result(True)
 
     async def debug(self, kind: str, req: rq.Req, debug_time: int | None) -> Response:
         """The debug surface (only with ``--debug``): pause, reset, inspect, fire."""

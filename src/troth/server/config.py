@@ -32,6 +32,10 @@ class Settings:
     log_level: str = "info"
     access_log: bool = True
     server_url: str = ""  # goes into execute messages' head.serverUrl
+    keepalive: float = 5.0  # seconds between SSE keep-alive comments
+    send_timeout: float = 30.0  # seconds; a send that takes longer is outcome-unknown
+    max_attempts: int = 5  # sends of one outbox row before it fails
+    dispatch_concurrency: int = 64  # sends in flight at once
 
     def __post_init__(self) -> None:
         if self.store not in ("memory", "sqlite"):
@@ -40,6 +44,10 @@ class Settings:
             raise ConfigError(f"synchronous must be full or normal, not {self.synchronous!r}")
         if self.retry_timeout <= 0:
             raise ConfigError("retry_timeout must be > 0 (milliseconds)")
+        if self.keepalive <= 0 or self.send_timeout <= 0:
+            raise ConfigError("keepalive and send_timeout must be > 0 (seconds)")
+        if self.max_attempts < 1 or self.dispatch_concurrency < 1:
+            raise ConfigError("max_attempts and dispatch_concurrency must be >= 1")
         if self.max_body <= 0:
             raise ConfigError("max_body must be > 0 (bytes)")
         if not 0 < self.port < 65536:
@@ -70,6 +78,8 @@ def coerce(name: str, value: Any) -> Any:
             raise ValueError(value)
         if isinstance(default, int):
             return int(value)
+        if isinstance(default, float):
+            return float(value)
         return str(value)
     except ValueError:
         raise ConfigError(f"invalid value for {name}: {value!r}") from None

@@ -86,12 +86,13 @@ class Engine:
         config: Config,
         *,
         clock: Callable[[], int] = wall_clock_ms,
-        on_commit: Callable[[int], None] | None = None,
+        on_commit: Callable[[int, int], None] | None = None,
     ) -> None:
         self.store = store
         self.config = config
         self.clock = clock
         self.on_commit = on_commit
+        self.on_resume: Callable[[], None] | None = None
         self.stats = EngineStats()
         self.paused = False
         self._queue: queue.SimpleQueue[_Work | None] = queue.SimpleQueue()
@@ -163,6 +164,8 @@ class Engine:
     def resume(self) -> None:
         self.paused = False
         self._poke(-math.inf)
+        if self.on_resume is not None:
+            self.on_resume()
 
     # -- the writer thread --------------------------------------------------------------
 
@@ -216,8 +219,10 @@ class Engine:
         self.stats.jobs += len(works)
         self.stats.largest_batch = max(self.stats.largest_batch, len(works))
         earliest = math.inf
+        messages = 0
         for o in outcomes:
             if o.wrote and isinstance(o.value, _Remembered):
+                messages += o.value.messages
                 if o.value.earliest is not None:
                     earliest = min(earliest, o.value.earliest)
         results: list[tuple[asyncio.Future[Any], Outcome[Any]]] = []
@@ -229,8 +234,8 @@ class Engine:
         loop.call_soon_threadsafe(_deliver, results)
         if earliest < self._target:
             loop.call_soon_threadsafe(self._poke, earliest)
-        if self.on_commit is not None and any(o.wrote for o in outcomes):
-            self.on_commit(len(works))
+        if self.on_commit is not None:
+            self.on_commit(len(works), messages)
 
     # -- the timer ------------------------------------------------------------------------
 
@@ -281,19 +286,20 @@ class Engine:
 
 
 class _Remembered:
-    """A job's value plus the earliest deadline its writes armed."""
+    """A job's value plus the earliest deadline and the outbox rows its writes made."""
 
-    __slots__ = ("earliest", "value")
+    __slots__ = ("earliest", "messages", "value")
 
-    def __init__(self, value: Any, earliest: int | None) -> None:
+    def __init__(self, value: Any, earliest: int | None, messages: int) -> None:
         self.value = value
         self.earliest = earliest
+        self.messages = messages
 
 
 def _remembering(fn: Callable[[Overlay], Any]) -> Callable[[Overlay], _Remembered]:
     def run(tx: Overlay) -> _Remembered:
         value = fn(tx)
-        return _Remembered(value, earliest_deadline(tx.writes))
+        return _Remembered(value, earliest_deadline(tx.writes), len(tx.writes.messages))
 
     return run
 

@@ -8,13 +8,20 @@ was queued before the store closes.
 from __future__ import annotations
 
 import logging
+import os
 
 from troth.machine.internal import Config
+from troth.outbox.types import DispatchConfig
 from troth.server.app import App
 from troth.server.config import Settings
+from troth.server.delivery import DeliveryLoop
 from troth.server.engine import Engine
+from troth.server.metrics import Metrics
 from troth.store.base import Store
 from troth.store.memory import MemoryStore
+from troth.transport.http import HttpSender
+from troth.transport.poll import PollSender, Registry
+from troth.transport.router import Router
 
 
 def open_store(settings: Settings) -> Store:
@@ -26,8 +33,39 @@ def open_store(settings: Settings) -> Store:
 
 
 def build_app(settings: Settings, store: Store | None = None) -> App:
+    """Wire store, engine, transports, dispatcher and metrics into one app."""
+    metrics = Metrics()
     engine = Engine(store or open_store(settings), Config(retry_timeout=settings.retry_timeout))
-    return App(engine, settings)
+    registry = Registry()
+    metrics.gauge("troth_sse_connections", lambda: float(registry.count()))
+    http = HttpSender(settings.url)
+    config = DispatchConfig(
+        worker_id=f"troth-{os.getpid()}",
+        send_timeout=settings.send_timeout,
+        max_attempts=settings.max_attempts,
+        concurrency=settings.dispatch_concurrency,
+        claim_timeout=max(120.0, settings.send_timeout * 4),
+    )
+    delivery = DeliveryLoop(
+        engine, Router(PollSender(registry, settings.url), http), config, metrics
+    )
+
+    def committed(jobs: int, messages: int) -> None:
+        metrics.inc("troth_commit_batches_total")
+        metrics.inc("troth_commit_jobs_total", jobs)
+        if messages:
+            delivery.wake()
+
+    engine.on_commit = committed
+    engine.on_resume = delivery.wake
+    return App(
+        engine,
+        settings,
+        metrics=metrics,
+        registry=registry,
+        delivery=delivery,
+        on_shutdown=http.close,
+    )
 
 
 def configure_logging(settings: Settings) -> None:

@@ -32,6 +32,7 @@ from troth.protocol.records import (
     Task,
     message_key,
 )
+from troth.store.rows import OutboxLifecycle
 
 T = TypeVar("T")
 
@@ -197,6 +198,8 @@ class Store(ABC):
     """A backend that can run batches of jobs in one transaction."""
 
     name: str = "store"
+    #: The outbox-row lifecycle the dispatcher works through.
+    outbox: OutboxLifecycle
 
     def __init__(self) -> None:
         self.lock = threading.Lock()

@@ -7,33 +7,18 @@ stale ones are dropped when they reach the top.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 
-from troth.protocol.records import PENDING, OutboxEntry, Promise, Schedule, Tags, Task
+from troth.protocol.records import PENDING, Promise, Schedule, Tags, Task
+from troth.store import rows
 from troth.store.base import Backend, Store, Writes
-
-
-@dataclass
-class OutboxRow:
-    """One outbox row with its delivery lifecycle (used by the dispatcher)."""
-
-    id: int
-    entry: OutboxEntry
-    created_at: int
-    state: str = "pending"
-    attempts: int = 0
-    available_at: int = 0
-    claim_token: str | None = None
-    claimed_by: str | None = None
-    claimed_at: int | None = None
-    last_code: str | None = None
-    updated_at: int = 0
+from troth.store.rows import OutboxRow
 
 
 def promise_deadline(p: Promise) -> int | None:
@@ -254,6 +239,7 @@ class MemoryStore(Store):
     def __init__(self) -> None:
         super().__init__()
         self.backend = MemoryBackend()
+        self.outbox = MemoryOutbox(self)
 
     def begin(self) -> Backend:
         return self.backend
@@ -283,3 +269,115 @@ class MemoryStore(Store):
 
     def ping(self) -> None:
         return None
+
+
+class MemoryOutbox:
+    """The outbox-row lifecycle over :class:`MemoryBackend` (see ``store.rows``)."""
+
+    def __init__(self, store: MemoryStore) -> None:
+        self.store = store
+
+    @property
+    def b(self) -> MemoryBackend:
+        return self.store.backend
+
+    def claim_due(self, worker_id: str, now: int, limit: int, token: str) -> list[OutboxRow]:
+        with self.store.lock:
+            out: list[OutboxRow] = []
+            for row in sorted(self.b.outbox.values(), key=lambda r: (r.available_at, r.id)):
+                if len(out) == limit or row.available_at > now:
+                    break
+                if row.state != rows.PENDING:
+                    continue
+                row.state = rows.DISPATCHING
+                row.claim_token = token
+                row.claimed_by = worker_id
+                row.claimed_at = now
+                row.updated_at = now
+                self.b.pending_by_key.pop(row.key, None)
+                out.append(dataclasses.replace(row))
+            return out
+
+    def _held(self, row_id: int, token: str) -> OutboxRow | None:
+        row = self.b.outbox.get(row_id)
+        if row is None or row.state != rows.DISPATCHING or row.claim_token != token:
+            return None
+        return row
+
+    def _finish(self, row: OutboxRow, state: str, now: int, code: str | None) -> None:
+        row.state = state
+        row.claim_token = None
+        row.last_code = code
+        row.updated_at = now
+
+    def _requeue(self, row: OutboxRow, now: int, available_at: int, code: str | None) -> None:
+        """Back to pending, unless a newer pending row for the key supersedes it."""
+        if row.key in self.b.pending_by_key:
+            self._finish(row, rows.COMPLETED, now, "troth.dispatch.superseded")
+            return
+        self._finish(row, rows.PENDING, now, code)
+        row.available_at = available_at
+        self.b.pending_by_key[row.key] = row.id
+
+    def settle(
+        self,
+        row_id: int,
+        token: str,
+        state: str,
+        now: int,
+        code: str | None = None,
+        available_at: int | None = None,
+    ) -> bool:
+        with self.store.lock:
+            row = self._held(row_id, token)
+            if row is None:
+                return False
+            if state == rows.PENDING:
+                row.attempts += 1
+                self._requeue(row, now, available_at if available_at is not None else now, code)
+            else:
+                if state == rows.FAILED:
+                    row.attempts += 1
+                self._finish(row, state, now, code)
+            return True
+
+    def unknown_rows(self, limit: int) -> list[OutboxRow]:
+        with self.store.lock:
+            found = [r for r in self.b.outbox.values() if r.state == rows.OUTCOME_UNKNOWN]
+            return [dataclasses.replace(r) for r in sorted(found, key=lambda r: r.id)[:limit]]
+
+    def settle_unknown(self, row_id: int, now: int, state: str, code: str | None) -> bool:
+        with self.store.lock:
+            row = self.b.outbox.get(row_id)
+            if row is None or row.state != rows.OUTCOME_UNKNOWN:
+                return False
+            if state == rows.PENDING:
+                self._requeue(row, now, now, code)
+            else:
+                self._finish(row, state, now, code)
+            return True
+
+    def release_expired_claims(self, cutoff: int, now: int, code: str) -> int:
+        with self.store.lock:
+            n = 0
+            for row in self.b.outbox.values():
+                if row.state == rows.DISPATCHING and (row.claimed_at or 0) < cutoff:
+                    self._finish(row, rows.OUTCOME_UNKNOWN, now, code)
+                    n += 1
+            return n
+
+    def purge_completed(self, before: int) -> int:
+        with self.store.lock:
+            old = [
+                r.id
+                for r in self.b.outbox.values()
+                if r.state == rows.COMPLETED and r.updated_at < before
+            ]
+            for i in old:
+                del self.b.outbox[i]
+            return len(old)
+
+    def next_due(self) -> int | None:
+        with self.store.lock:
+            due = [r.available_at for r in self.b.outbox.values() if r.state == rows.PENDING]
+            return min(due) if due else None

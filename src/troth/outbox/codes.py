@@ -1,0 +1,21 @@
+"""Stable codes the dispatcher records on rows it settled itself.
+
+They are part of the interface: operators alert on them and tests match them, so a
+code is never renamed, only added.
+"""
+
+from typing import Final
+
+ATTEMPTS_EXHAUSTED: Final = "troth.dispatch.attempts_exhausted"
+SEND_TIMEOUT: Final = "troth.dispatch.send_timeout"
+SEND_CRASHED: Final = "troth.dispatch.send_crashed"
+CLAIM_EXPIRED: Final = "troth.dispatch.claim_expired"
+RECONCILED_FAILED: Final = "troth.dispatch.reconciled_failed"
+RESENDS_EXHAUSTED: Final = "troth.dispatch.resends_exhausted"
+
+NO_CONNECTION: Final = "troth.poll.no_connection"
+CONNECTION_LOST: Final = "troth.poll.connection_lost"
+BAD_ADDRESS: Final = "troth.address.unsupported"
+HTTP_REFUSED: Final = "troth.http.connect_refused"
+HTTP_STATUS: Final = "troth.http.status_"  # + the status code, e.g. troth.http.status_503
+HTTP_ERROR: Final = "troth.http.error"

@@ -1,0 +1,246 @@
+"""Delivery: the application side of the dispatcher (ARCHITECTURE rule 4).
+
+The dispatcher library does one sweep per ``run_once``; this module owns its loop:
+it sweeps when a commit wrote outbox rows (woken at once, no polling tick), sleeps
+until the next due retry otherwise, runs the maintenance sweeps (reaper,
+reconciliation, retention) on a slow cadence, pauses with ``debug.start`` and stops
+on shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from troth.machine.state import read_task
+from troth.outbox import codes
+from troth.outbox.dispatcher import OutboxDispatcher
+from troth.outbox.types import (
+    Completed,
+    DispatchConfig,
+    DispatchReport,
+    Failed,
+    OutboxSender,
+    Reconciled,
+    Resend,
+)
+from troth.protocol.records import Execute
+from troth.server.engine import Engine
+from troth.server.metrics import Metrics
+from troth.store import rows as states
+from troth.store.rows import OutboxLifecycle, OutboxRow
+
+log = logging.getLogger("troth.delivery")
+
+#: Seconds between maintenance sweeps (reaper, reconciliation).
+MAINTENANCE_EVERY = 1.0
+#: Seconds between retention purges.
+PURGE_EVERY = 60.0
+
+
+class EngineRows:
+    """``OutboxRows`` over a store's lifecycle, run on the engine's writer thread."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    @property
+    def life(self) -> OutboxLifecycle:
+        return self.engine.store.outbox
+
+    async def claim_due(self, worker_id: str, now: int, limit: int) -> Sequence[OutboxRow]:
+        token = uuid.uuid4().hex
+        return await self.engine.exclusive(
+            lambda: self.life.claim_due(worker_id, now, limit, token)
+        )
+
+    async def _settle(
+        self, row: OutboxRow, state: str, now: int, code: str | None, at: int | None = None
+    ) -> bool:
+        token = row.claim_token or ""
+        return await self.engine.exclusive(
+            lambda: self.life.settle(row.id, token, state, now, code, at)
+        )
+
+    async def complete(self, row: OutboxRow, now: int) -> bool:
+        return await self._settle(row, states.COMPLETED, now, None)
+
+    async def retry(self, row: OutboxRow, now: int, available_at: int, code: str) -> bool:
+        return await self._settle(row, states.PENDING, now, code, available_at)
+
+    async def fail(self, row: OutboxRow, now: int, code: str) -> bool:
+        return await self._settle(row, states.FAILED, now, code)
+
+    async def mark_unknown(self, row: OutboxRow, now: int, code: str) -> bool:
+        return await self._settle(row, states.OUTCOME_UNKNOWN, now, code)
+
+    async def unknown_rows(self, limit: int) -> Sequence[OutboxRow]:
+        return await self.engine.exclusive(lambda: self.life.unknown_rows(limit))
+
+    async def settle_unknown(self, row: OutboxRow, now: int, state: str, code: str | None) -> bool:
+        return await self.engine.exclusive(
+            lambda: self.life.settle_unknown(row.id, now, state, code)
+        )
+
+    async def release_expired_claims(self, cutoff: int, now: int) -> int:
+        return await self.engine.exclusive(
+            lambda: self.life.release_expired_claims(cutoff, now, codes.CLAIM_EXPIRED)
+        )
+
+    async def purge_completed(self, before: int) -> int:
+        return await self.engine.exclusive(lambda: self.life.purge_completed(before))
+
+    async def next_due(self) -> int | None:
+        return await self.engine.exclusive(self.life.next_due)
+
+
+class ProtocolReconciler:
+    """What the server knows settles an unknown row without asking anyone:
+
+    * ``execute``: done once the task left ``pending`` at that version (acquired at a
+      newer version, or fulfilled, halted, gone); ``Resend`` while it is still pending
+      at the same version — a duplicate execute is fenced by the version.
+    * ``unblock``: listeners tolerate duplicates, so ``Resend`` a bounded number of
+      times, then ``Failed``.
+    """
+
+    def __init__(self, engine: Engine, unblock_resends: int) -> None:
+        self.engine = engine
+        self.unblock_resends = unblock_resends
+
+    async def reconcile(self, row: OutboxRow) -> Reconciled:
+        message = row.message
+        if isinstance(message, Execute):
+            now = self.engine.clock()
+            found = await self.engine.run(lambda tx: read_task(tx, message.task_id, now), now)
+            if found is None:
+                return Completed()
+            task = found.task
+            if task.state == "pending" and task.version == message.version:
+                return Resend()
+            return Completed()
+        if row.attempts >= self.unblock_resends:
+            return Failed(codes.RESENDS_EXHAUSTED)
+        return Resend()
+
+
+class DeliveryLoop:
+    """Drives one :class:`OutboxDispatcher` for the server."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        sender: OutboxSender,
+        config: DispatchConfig,
+        metrics: Metrics,
+    ) -> None:
+        self.engine = engine
+        self.rows = EngineRows(engine)
+        self.config = config
+        self.metrics = metrics
+        self.dispatcher = OutboxDispatcher(
+            self.rows,
+            sender,
+            config,
+            ProtocolReconciler(engine, config.unblock_resends),
+            clock=engine.clock,
+        )
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._last_maintenance = 0.0
+        self._last_purge = 0.0
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._task = asyncio.create_task(self._run(), name="troth-delivery")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+
+    def wake(self) -> None:
+        """Called from any thread when a commit wrote outbox rows."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._wake.set)
+
+    def wake_here(self) -> None:
+        self._wake.set()
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            self._wake.clear()
+            if self.engine.paused:
+                await self._wake.wait()
+                continue
+            delay: float | None
+            try:
+                now = self.engine.clock()
+                report = await self.dispatcher.run_once(now)
+                self.record(report)
+                if loop.time() - self._last_maintenance >= MAINTENANCE_EVERY:
+                    await self.maintain(now)
+                    self._last_maintenance = loop.time()
+                if report.claimed >= self.config.batch_size:
+                    continue
+                due = await self.rows.next_due()
+                delay = MAINTENANCE_EVERY
+                if due is not None:
+                    delay = min(delay, max(due - self.engine.clock(), 0) / 1000)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("delivery sweep failed; retrying in 1 s")
+                delay = 1.0
+            if delay > 0 or math.isinf(delay):
+                try:
+                    await asyncio.wait_for(self._wake.wait(), delay)
+                except TimeoutError:
+                    pass
+
+    async def maintain(self, now: int) -> None:
+        reaped = await self.dispatcher.release_expired_claims(now)
+        if reaped:
+            log.warning("released %d expired outbox claims", reaped)
+            self.metrics.inc("troth_outbox_claims_released_total", reaped)
+        report = await self.dispatcher.reconcile(now)
+        if report.examined:
+            for name, n in (
+                ("completed", report.completed),
+                ("failed", report.failed),
+                ("resent", report.resent),
+                ("unresolved", report.unresolved),
+            ):
+                if n:
+                    self.metrics.inc("troth_outbox_reconciled_total", n, verdict=name)
+        loop = asyncio.get_running_loop()
+        if loop.time() - self._last_purge >= PURGE_EVERY:
+            self._last_purge = loop.time()
+            await self.dispatcher.purge(now)
+
+    def record(self, report: DispatchReport) -> None:
+        m = self.metrics
+        for outcome, n in (
+            ("completed", report.completed),
+            ("retried", report.retried),
+            ("failed", report.failed),
+            ("unknown", report.unknown),
+            ("unsettled", report.unsettled),
+        ):
+            if n:
+                m.inc("troth_dispatch_total", n, outcome=outcome)
+        for seconds in report.latencies:
+            m.observe("troth_dispatch_send_seconds", seconds)
+
+    def describe(self) -> dict[str, Any]:
+        return {"worker_id": self.config.worker_id}

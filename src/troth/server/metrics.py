@@ -1,0 +1,127 @@
+"""Prometheus metrics: counters, histograms and gauges in the text format, served at
+``GET /metrics``.
+
+Small on purpose: updates are a dict lookup and an add on the event loop thread (or
+under a lock from the writer thread); rendering happens only when scraped.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from collections.abc import Callable
+
+Labels = tuple[tuple[str, str], ...]
+
+#: Latency buckets in seconds, from 0.25 ms to 10 s.
+BUCKETS = (
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    10.0,
+)
+
+HELP = {
+    "troth_requests_total": ("counter", "Protocol requests answered, by kind and status."),
+    "troth_request_seconds": ("histogram", "Time to answer a protocol request, by kind."),
+    "troth_dispatch_total": ("counter", "Outbox sends settled, by outcome."),
+    "troth_dispatch_send_seconds": ("histogram", "Time one outbox send took."),
+    "troth_outbox_claims_released_total": ("counter", "Expired dispatcher claims reaped."),
+    "troth_outbox_reconciled_total": ("counter", "Unknown outbox rows reconciled, by verdict."),
+    "troth_sse_connections": ("gauge", "Open SSE (poll) connections."),
+    "troth_commit_batches_total": ("counter", "Store transactions committed by the writer."),
+    "troth_commit_jobs_total": ("counter", "Jobs (requests, timer passes) in those transactions."),
+    "troth_timer_passes_total": ("counter", "Timer passes that fired due internal steps."),
+}
+
+
+class Histogram:
+    __slots__ = ("counts", "sum")
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(BUCKETS) + 1)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(BUCKETS, value)] += 1
+        self.sum += value
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.counters: dict[str, dict[Labels, float]] = {}
+        self.histograms: dict[str, dict[Labels, Histogram]] = {}
+        self.gauges: dict[str, Callable[[], float]] = {}
+
+    def inc(self, name: str, amount: float = 1, **labels: str) -> None:
+        key = tuple(sorted(labels.items()))
+        with self.lock:
+            series = self.counters.setdefault(name, {})
+            series[key] = series.get(key, 0) + amount
+
+    def observe(self, name: str, value: float, **labels: str) -> None:
+        key = tuple(sorted(labels.items()))
+        with self.lock:
+            series = self.histograms.setdefault(name, {})
+            h = series.get(key)
+            if h is None:
+                h = series[key] = Histogram()
+            h.observe(value)
+
+    def gauge(self, name: str, read: Callable[[], float]) -> None:
+        self.gauges[name] = read
+
+    def value(self, name: str, **labels: str) -> float:
+        """A counter's current value (for tests and the CLI)."""
+        with self.lock:
+            return self.counters.get(name, {}).get(tuple(sorted(labels.items())), 0)
+
+    def render(self) -> str:
+        lines: list[str] = []
+
+        def header(name: str, kind: str) -> None:
+            text = HELP.get(name, (kind, name))[1]
+            lines.append(f"# HELP {name} {text}")
+            lines.append(f"# TYPE {name} {kind}")
+
+        with self.lock:
+            for name in sorted(self.counters):
+                header(name, "counter")
+                for labels, v in sorted(self.counters[name].items()):
+                    lines.append(f"{name}{fmt(labels)} {v:g}")
+            for name in sorted(self.histograms):
+                header(name, "histogram")
+                for labels, h in sorted(self.histograms[name].items()):
+                    running = 0
+                    for bound, count in zip((*BUCKETS, float("inf")), h.counts, strict=True):
+                        running += count
+                        le = "+Inf" if bound == float("inf") else f"{bound:g}"
+                        lines.append(f"{name}_bucket{fmt((*labels, ('le', le)))} {running}")
+                    lines.append(f"{name}_sum{fmt(labels)} {h.sum:.6f}")
+                    lines.append(f"{name}_count{fmt(labels)} {running}")
+        for name in sorted(self.gauges):
+            header(name, "gauge")
+            lines.append(f"{name} {self.gauges[name]():g}")
+        return "\n".join(lines) + "\n"
+
+
+def fmt(labels: Labels) -> str:
+    if not labels:
+        return ""
+    inner = ",".join(f'{k}="{escape(v)}"' for k, v in labels)
+    return "{" + inner + "}"
+
+
+def escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
