@@ -227,7 +227,9 @@ def snap_row(r: OutboxRow) -> dict[str, Any]:
         "message": msgspec.to_builtins(r.entry.message),
         "state": r.state,
         "attempts": r.attempts,
+        "availableAt": r.available_at,
         "createdAt": r.created_at,
+        **({"lastCode": r.last_code} if r.last_code is not None else {}),
     }
 
 
