@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from troth.outbox import codes
-from troth.outbox.types import Completed, Dispatched, Retryable, Unknown
+from troth.outbox.types import Completed, Dispatched, Permanent, Retryable, Unknown
 from troth.store.rows import OutboxRow
 from troth.transport.address import PollAddress, parse_poll
 from troth.transport.messages import message_body
@@ -118,7 +118,7 @@ class PollSender:
     async def send(self, row: OutboxRow) -> Dispatched:
         address = parse_poll(row.address)
         if address is None:
-            return Retryable(codes.BAD_ADDRESS)
+            return Permanent(codes.BAD_ADDRESS)
         payload = message_body(row.message, self.server_url)
         for conn in self.registry.candidates(address):
             fut = conn.offer(payload)
