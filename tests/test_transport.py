@@ -1,0 +1,333 @@
+"""Transports over real sockets: SSE (``GET /poll/{group}/{id}``) and HTTP push.
+
+The SSE reader here is deliberately as strict as the Python SDK's parser: events are
+separated by a blank line with LF only, every ``data:`` line is one JSON message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.server
+import json
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import pytest
+
+from support import RunningServer, free_port, running_server
+from troth.outbox.types import Completed, Permanent, Retryable, Unknown
+from troth.protocol.records import Execute, OutboxEntry
+from troth.server.config import Settings
+from troth.store.rows import OutboxRow
+from troth.transport.address import PollAddress, parse_poll
+from troth.transport.http import HttpSender, classify
+
+FAR = 10**13
+
+
+@dataclass
+class Stream:
+    """A background SSE reader collecting raw bytes and decoded messages."""
+
+    url: str
+    raw: bytearray = field(default_factory=bytearray)
+    messages: queue.Queue[dict[str, Any]] = field(default_factory=queue.Queue)
+    connected: threading.Event = field(default_factory=threading.Event)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    client: httpx.Client | None = None
+
+    def run(self) -> None:
+        try:
+            self._run()
+        except (httpx.HTTPError, RuntimeError, OSError):
+            if not self.stop.is_set():
+                raise
+
+    def close(self) -> None:
+        self.stop.set()
+        if self.client is not None:
+            self.client.close()
+
+    def _run(self) -> None:
+        self.client = httpx.Client(timeout=None)
+        with self.client.stream("GET", self.url, headers={"accept": "text/event-stream"}) as r:
+            assert r.headers["content-type"] == "text/event-stream"
+            buffer = b""
+            for chunk in r.iter_raw():
+                self.raw.extend(chunk)
+                buffer += chunk
+                self.connected.set()
+                while b"\n\n" in buffer:
+                    event, buffer = buffer.split(b"\n\n", 1)
+                    for line in event.split(b"\n"):
+                        if line.startswith(b"data: "):
+                            self.messages.put(json.loads(line[6:]))
+                if self.stop.is_set():
+                    return
+
+    def next(self, timeout: float = 5.0) -> dict[str, Any]:
+        return self.messages.get(timeout=timeout)
+
+
+@contextmanager
+def stream(server: RunningServer, group: str, id: str) -> Iterator[Stream]:
+    s = Stream(f"{server.url}/poll/{group}/{id}")
+    t = threading.Thread(target=s.run, daemon=True)
+    t.start()
+    assert s.connected.wait(5), "SSE stream did not open"
+    # Registration happens before the first byte is sent, so the stream is live.
+    try:
+        yield s
+    finally:
+        s.close()
+        t.join(5)
+
+
+@pytest.fixture
+def live(server: RunningServer) -> RunningServer:
+    """A debug server whose timer and delivery run (``debug.stop`` resumes them)."""
+    server.ok("debug.stop", {})
+    return server
+
+
+def test_execute_arrives_over_sse_with_lf_framing(live: RunningServer) -> None:
+    with stream(live, "g", "w1") as s:
+        live.ok(
+            "promise.create",
+            {"id": "wf", "timeoutAt": FAR, "tags": {"resonate:target": "poll://any@g"}},
+        )
+        message = s.next()
+    assert message == {
+        "kind": "execute",
+        "head": {"serverUrl": live.settings.url},
+        "data": {"task": {"id": "wf", "version": 0}},
+    }
+    assert b"\r" not in s.raw
+    assert b'data: {"kind":"execute"' in s.raw
+
+
+def test_unblock_goes_to_the_listener_address_only(live: RunningServer) -> None:
+    with stream(live, "g", "a") as a, stream(live, "g", "b") as b:
+        live.ok(
+            "promise.create", {"id": "p", "timeoutAt": FAR, "tags": {"resonate:external": "true"}}
+        )
+        live.ok("promise.register_listener", {"awaited": "p", "address": "poll://uni@g/b"})
+        live.ok("promise.settle", {"id": "p", "state": "resolved", "value": {"data": "eA=="}})
+        message = b.next()
+        assert message["kind"] == "unblock"
+        assert message["head"] == {}
+        assert message["data"]["promise"]["id"] == "p"
+        assert message["data"]["promise"]["state"] == "resolved"
+        assert message["data"]["promise"]["value"] == {"data": "eA=="}
+        with pytest.raises(queue.Empty):
+            a.next(timeout=0.3)
+
+
+def test_anycast_prefers_the_named_id_and_falls_back_to_the_group(live: RunningServer) -> None:
+    with stream(live, "g", "a") as a, stream(live, "g", "b") as b:
+        tags = {"resonate:target": "poll://any@g/b"}
+        live.ok("promise.create", {"id": "t1", "timeoutAt": FAR, "tags": tags})
+        assert b.next()["data"]["task"]["id"] == "t1"
+        tags = {"resonate:target": "poll://any@g/nobody"}
+        live.ok("promise.create", {"id": "t2", "timeoutAt": FAR, "tags": tags})
+        got: list[str] = []
+        for s in (a, b):
+            try:
+                got.append(s.next(timeout=1)["data"]["task"]["id"])
+            except queue.Empty:
+                pass
+        assert got == ["t2"]
+
+
+def test_no_connection_is_retried_and_delivered_when_a_worker_arrives(live: RunningServer) -> None:
+    tags = {"resonate:target": "poll://uni@g/late"}
+    live.ok("promise.create", {"id": "t", "timeoutAt": FAR, "tags": tags})
+    deadline = time.monotonic() + 5
+    while True:
+        rows = [r for r in live.snap()["outbox"] if r["key"] == "t"]
+        if rows and rows[0]["attempts"] >= 1:
+            break
+        assert time.monotonic() < deadline, rows
+        time.sleep(0.02)
+    assert rows[0]["state"] == "pending"
+    assert rows[0]["lastCode"] == "troth.poll.no_connection"
+    with stream(live, "g", "late") as s:
+        assert s.next(timeout=8)["data"]["task"]["id"] == "t"
+
+
+def test_keepalive_comments_flow_on_an_idle_stream() -> None:
+    settings = Settings(store="memory", debug=True, keepalive=0.1, access_log=False)
+    with running_server(settings) as server, stream(server, "g", "idle") as s:
+        time.sleep(0.5)
+        assert s.raw.count(b": keepalive\n\n") >= 3
+
+
+def sse_gauge(server: RunningServer) -> int:
+    for line in server.client.get("/metrics").text.splitlines():
+        if line.startswith("troth_sse_connections "):
+            return int(float(line.split()[1]))
+    raise AssertionError("no troth_sse_connections gauge")
+
+
+def test_several_connections_per_id_and_the_gauge(live: RunningServer) -> None:
+    base = sse_gauge(live)
+    with stream(live, "g", "same") as first, stream(live, "g", "same") as second:
+        assert sse_gauge(live) == base + 2
+        tags = {"resonate:target": "poll://uni@g/same"}
+        live.ok("promise.create", {"id": "t", "timeoutAt": FAR, "tags": tags})
+        got = []
+        for s in (first, second):
+            try:
+                got.append(s.next(timeout=1)["data"]["task"]["id"])
+            except queue.Empty:
+                pass
+        assert got == ["t"]  # one copy, to one of the connections
+    deadline = time.monotonic() + 5
+    while sse_gauge(live) != base:  # closed streams are noticed and dropped
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+
+
+def test_poll_address_parsing() -> None:
+    assert parse_poll("poll://uni@G/w") == PollAddress("uni", "g", "w")
+    assert parse_poll("poll://any@g") == PollAddress("any", "g", None)
+    assert parse_poll("poll://any@g/w") == PollAddress("any", "g", "w")
+    for bad in ("poll://uni@g", "poll://x@g/w", "poll://g", "http://x", "poll://any@"):
+        assert parse_poll(bad) is None, bad
+
+
+# --------------------------------------------------------------------- HTTP push
+
+
+@dataclass
+class Hook:
+    port: int
+    seen: list[tuple[dict[str, str], dict[str, Any]]]
+    status: list[int]
+
+
+@contextmanager
+def hook_server(delay: float = 0.0) -> Iterator[Hook]:
+    seen: list[tuple[dict[str, str], dict[str, Any]]] = []
+    status = [200]
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            length = int(self.headers["content-length"])
+            body = json.loads(self.rfile.read(length))
+            seen.append(({k.lower(): v for k, v in self.headers.items()}, body))
+            time.sleep(delay)
+            self.send_response(status[0])
+            self.send_header("content-length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    port = free_port()
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    t = threading.Thread(target=httpd.serve_forever, daemon=True)
+    t.start()
+    try:
+        yield Hook(port, seen, status)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_http_push_posts_the_message_with_its_idempotency_key(live: RunningServer) -> None:
+    with hook_server() as hook:
+        target = f"http://127.0.0.1:{hook.port}/run"
+        live.ok(
+            "promise.create", {"id": "job", "timeoutAt": FAR, "tags": {"resonate:target": target}}
+        )
+        deadline = time.monotonic() + 5
+        while not hook.seen:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    headers, body = hook.seen[0]
+    assert headers["idempotency-key"] == "job"
+    assert headers["content-type"] == "application/json"
+    assert body["kind"] == "execute"
+    assert body["data"] == {"task": {"id": "job", "version": 0}}
+
+
+@pytest.mark.parametrize(
+    ("status", "expected"),
+    [
+        (200, Completed()),
+        (204, Completed()),
+        (408, Retryable("troth.http.status_408")),
+        (429, Retryable("troth.http.status_429")),
+        (503, Retryable("troth.http.status_503")),
+        (400, Permanent("troth.http.status_400")),
+        (404, Permanent("troth.http.status_404")),
+    ],
+)
+def test_http_status_classification(status: int, expected: object) -> None:
+    assert classify(status) == expected
+
+
+def row_for(address: str) -> OutboxRow:
+    return OutboxRow(id=1, entry=OutboxEntry(address, Execute("t", 3)), created_at=0)
+
+
+def test_http_sender_against_a_real_endpoint() -> None:
+    async def main() -> None:
+        sender = HttpSender("http://troth")
+        try:
+            with hook_server() as hook:
+                url = f"http://127.0.0.1:{hook.port}/x"
+                assert await sender.send(row_for(url)) == Completed()
+                hook.status[0] = 500
+                assert await sender.send(row_for(url)) == Retryable("troth.http.status_500")
+                hook.status[0] = 410
+                assert await sender.send(row_for(url)) == Permanent("troth.http.status_410")
+            refused = f"http://127.0.0.1:{free_port()}/x"
+            assert await sender.send(row_for(refused)) == Retryable("troth.http.connect_refused")
+        finally:
+            await sender.close()
+
+    asyncio.run(main())
+
+
+def test_a_push_that_hangs_is_unknown_not_retried() -> None:
+    from troth.outbox.dispatcher import OutboxDispatcher
+    from troth.outbox.types import DispatchConfig
+
+    class OneRow:
+        def __init__(self, row: OutboxRow) -> None:
+            self.row: OutboxRow | None = row
+            self.unknown: list[str] = []
+
+        async def claim_due(self, worker_id: str, now: int, limit: int) -> list[OutboxRow]:
+            row, self.row = self.row, None
+            return [row] if row else []
+
+        async def mark_unknown(self, row: OutboxRow, now: int, code: str) -> bool:
+            self.unknown.append(code)
+            return True
+
+    async def main() -> None:
+        sender = HttpSender("http://troth")
+        with hook_server(delay=1.0) as hook:
+            rows = OneRow(row_for(f"http://127.0.0.1:{hook.port}/slow"))
+            d = OutboxDispatcher(rows, sender, DispatchConfig(send_timeout=0.2))  # type: ignore[arg-type]
+            report = await d.run_once(0)
+            assert report.unknown == 1
+            assert rows.unknown == ["troth.dispatch.send_timeout"]
+            assert len(hook.seen) == 1
+        await sender.close()
+
+    asyncio.run(main())
+
+
+def test_unknown_classification_is_distinct() -> None:
+    assert Unknown() != Retryable("x")
