@@ -1,0 +1,153 @@
+"""``troth serve`` / ``troth dev`` as a user runs them: a real process, a real file.
+
+Graceful shutdown: SIGTERM while requests are in flight answers them and commits;
+every acknowledged write is in the file when the server starts again.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+from support import VERSION, free_port
+
+
+@contextmanager
+def serve(args: list[str], cwd: Path, log: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    port = free_port()
+    cmd = [sys.executable, "-m", "troth.cli.main", *args, "--port", str(port)]
+    with log.open("ab") as out:
+        proc = subprocess.Popen(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                if httpx.get(f"{url}/ready", timeout=0.5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        yield proc, url
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+
+
+def create(client: httpx.Client, id: str) -> int:
+    env = {
+        "kind": "promise.create",
+        "head": {"corrId": id, "version": VERSION},
+        "data": {"id": id, "timeoutAt": 10**13},
+    }
+    return client.post("/", json=env).status_code
+
+
+def test_serve_uses_troth_db_in_the_working_directory(tmp_path: Path) -> None:
+    with serve(["serve"], tmp_path, tmp_path / "log") as (_, url), httpx.Client(base_url=url) as c:
+        assert create(c, "a") == 200
+        assert c.get("/ready").json() == {"status": "ready", "store": "sqlite"}
+    assert (tmp_path / "troth.db").exists()
+
+
+def test_sigterm_finishes_in_flight_requests_and_nothing_acknowledged_is_lost(
+    tmp_path: Path,
+) -> None:
+    acknowledged: list[str] = []
+    lock = threading.Lock()
+    stop = threading.Event()
+    log = tmp_path / "log"
+
+    with serve(["serve", "--db", "t.db"], tmp_path, log) as (proc, url):
+
+        def client(n: int) -> None:
+            with httpx.Client(base_url=url, timeout=10) as c:
+                i = 0
+                while not stop.is_set():
+                    id = f"c{n}-{i}"
+                    try:
+                        if create(c, id) == 200:
+                            with lock:
+                                acknowledged.append(id)
+                    except httpx.HTTPError:
+                        return
+                    i += 1
+
+        threads = [threading.Thread(target=client, args=(n,)) for n in range(8)]
+        for t in threads:
+            t.start()
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGTERM)
+        # uvicorn re-raises the signal after its graceful shutdown completed.
+        assert proc.wait(15) in (0, -signal.SIGTERM), log.read_text()
+        assert "Application shutdown complete" in log.read_text()
+        stop.set()
+        for t in threads:
+            t.join(10)
+    assert len(acknowledged) > 50
+    with (
+        serve(["serve", "--db", "t.db"], tmp_path, log) as (_, url),
+        httpx.Client(base_url=url) as c,
+    ):
+        for id in acknowledged:
+            env = {
+                "kind": "promise.get",
+                "head": {"corrId": id, "version": VERSION},
+                "data": {"id": id},
+            }
+            assert c.post("/", json=env).status_code == 200, id
+
+
+def test_dev_is_debug_on_a_fresh_memory_store(tmp_path: Path) -> None:
+    with serve(["dev"], tmp_path, tmp_path / "log") as (_, url), httpx.Client(base_url=url) as c:
+        env = {"kind": "debug.snap", "head": {"corrId": "s", "version": VERSION}, "data": {}}
+        r = c.post("/", json=env)
+        assert r.status_code == 200
+        assert r.json()["data"]["promises"] == []
+        assert c.get("/ready").json()["store"] == "memory"
+    assert not (tmp_path / "troth.db").exists()
+
+
+def test_access_log_has_one_line_per_request(tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    with (
+        serve(["serve", "--db", "t.db"], tmp_path, log) as (_, url),
+        httpx.Client(base_url=url) as c,
+    ):
+        assert create(c, "logged-1") == 200
+        env = {
+            "kind": "promise.get",
+            "head": {"corrId": "get-7", "version": VERSION},
+            "data": {"id": "x"},
+        }
+        assert c.post("/", json=env).status_code == 404
+        time.sleep(0.2)
+    text = log.read_text()
+    assert "promise.create corrId=logged-1 status=200 ms=" in text
+    assert "promise.get corrId=get-7 status=404 ms=" in text
+
+
+def test_bad_configuration_exits_with_a_message(tmp_path: Path) -> None:
+    env = {**os.environ, "TROTH_RETRY_TIMEOUT": "0"}
+    r = subprocess.run(
+        [sys.executable, "-m", "troth.cli.main", "serve"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert r.returncode == 2
+    assert "retry_timeout must be > 0" in r.stderr
