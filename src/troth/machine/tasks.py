@@ -6,6 +6,7 @@ whose promise has timed out reads ``fulfilled`` and fails the state checks (§10
 
 from __future__ import annotations
 
+import msgspec
 from msgspec.structs import replace
 
 from troth.machine.promises import (
@@ -32,7 +33,7 @@ from troth.machine.state import (
 )
 from troth.machine.tx import Tx
 from troth.protocol import requests as rq
-from troth.protocol.records import PENDING, TAG_BRANCH, TAG_TARGET, Promise
+from troth.protocol.records import PENDING, TAG_BRANCH, TAG_TARGET, Promise, is_timer_targeted
 from troth.protocol.requests import BadRequest, decode_action
 
 #: Upper bound on the promises returned as ``preload`` in one response.
@@ -132,6 +133,8 @@ def task_fence(tx: Tx, req: rq.TaskFence, now: int, head: dict[str, object]) -> 
     assert isinstance(action, rq.PromiseCreate | rq.PromiseSettle)
     if action.id == req.id:
         return error(400, "task.fence may not act on the task's own promise; use task.fulfill")
+    if isinstance(action, rq.PromiseCreate) and is_timer_targeted(action.tags):
+        action = sdk_sleep(action)
     r = held(tx, req.id, req.version, now, ACQUIRED)
     if isinstance(r, Response):
         return r
@@ -152,6 +155,18 @@ def task_fence(tx: Tx, req: rq.TaskFence, now: int, head: dict[str, object]) -> 
             "preload": preload(tx, r.promise, now),
         },
     )
+
+
+def sdk_sleep(action: rq.PromiseCreate) -> rq.PromiseCreate:
+    """Both published SDKs create ``ctx.sleep`` timers through a fence with a target
+    (so that, on servers without durable timers, a worker wakes the workflow).
+
+    SPEC.md refuses timer + target (400), which would break every durable sleep of
+    the real clients; a timer needs no worker here (its deadline resolves it, r1), so
+    troth stores it as a plain timer, without the target.  See docs/protocol.md.
+    """
+    tags = {k: v for k, v in action.tags.items() if k != TAG_TARGET}
+    return msgspec.structs.replace(action, tags=tags)
 
 
 def task_heartbeat(tx: Tx, req: rq.TaskHeartbeat, now: int) -> Response:

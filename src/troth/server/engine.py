@@ -188,7 +188,8 @@ class Engine:
                     stop = True
                     break
                 if nxt.exclusive is not None:
-                    self._run_batch(works)
+                    if works:
+                        self._run_batch(works)
                     works = []
                     self._run_exclusive(nxt)
                     continue
