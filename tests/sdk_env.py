@@ -50,6 +50,8 @@ def program_path(name: str) -> Path:
     if not shared.exists():
         fail(f"{shared} is missing: the SDK examples come from shared/sdk-examples/")
     return shared
+
+
 #: Where built environments live; ``TROTH_SDK_CACHE`` moves it (e.g. to a CI cache).
 CACHE = Path(os.environ.get("TROTH_SDK_CACHE", REPO / ".sdk-cache"))
 
