@@ -307,7 +307,6 @@ def test_task_fence_outer_guards_before_inner(
         (settle_action("ext", "pending"), 400),
         (settle_action("ext", "rejected_timedout"), 400),
         (settle_action("nope"), 404),
-        (create_action("p", {**TIMER, **TGT}), 400),
         (create_action("~p"), 400),
     ],
 )

@@ -410,18 +410,13 @@ def test_p06_validation_outranks_existence(server: RunningServer) -> None:
 
 
 def test_p07_timer_target_refused_everywhere(server: RunningServer) -> None:
-    """§10.7: timer + target is refused at promise.create, task.create, a fence's inner
-    create (outer 200, inner 400) and schedule.create; nothing is created."""
+    """§10.7: timer + target is refused at promise.create, task.create and
+    schedule.create; nothing is created."""
     both = {**TIMER, **TGT}
     status, _ = server.call("promise.create", {"id": "p", "timeoutAt": 9000, "tags": both}, 1000)
     assert status == 400
     inner = action("promise.create", {"id": "p", "timeoutAt": 9000, "tags": both})
     assert server.call("task.create", {"pid": "w", "ttl": 10, "action": inner}, 1000)[0] == 400
-    task_create(server, "f", 99_000, 1000)
-    out = server.ok("task.fence", {"id": "f", "version": 1, "action": inner}, 1000)
-    assert out["action"]["kind"] == "promise.create"
-    assert out["action"]["head"]["status"] == 400
-    assert isinstance(out["action"]["data"], str)
     sched = {
         "id": "s",
         "cron": "*/10 * * * * *",
@@ -431,8 +426,39 @@ def test_p07_timer_target_refused_everywhere(server: RunningServer) -> None:
     }
     assert server.call("schedule.create", sched, 1000)[0] == 400
     snap = server.snap()
-    assert [p["id"] for p in snap["promises"]] == ["f"]
+    assert snap["promises"] == []
     assert snap["schedules"] == []
+
+
+def test_p07_fenced_sdk_sleep_is_stored_as_a_plain_timer(server: RunningServer) -> None:
+    """The one deliberate exception (docs/protocol.md): both SDKs create ``ctx.sleep``
+    as timer + target through ``task.fence``.  troth accepts it there and stores a plain
+    timer without the target: no task, no dispatch; the deadline resolves it and wakes
+    the suspended awaiter."""
+    both = {**TIMER, **TGT}
+    task_create(server, "f", 99_000, 1000)
+    inner = action("promise.create", {"id": "f:1", "timeoutAt": 5000, "tags": both})
+    out = server.ok("task.fence", {"id": "f", "version": 1, "action": inner}, 1000)
+    assert out["action"]["head"]["status"] == 200
+    assert out["action"]["data"]["promise"]["tags"] == TIMER
+    snap = server.snap()
+    assert [t["id"] for t in snap["tasks"]] == ["f"]
+    assert server.outbox() == {}
+    suspend = action("promise.register_callback", {"awaited": "f:1", "awaiter": "f"})
+    assert server.call("task.suspend", {"id": "f", "version": 1, "actions": [suspend]}, 1001) == (
+        200,
+        {},
+    )
+    server.tick(5000)
+    timer = server.ok("promise.get", {"id": "f:1"}, 5000)["promise"]
+    assert (timer["state"], timer["settledAt"]) == ("resolved", 5000)
+    assert server.ok("task.get", {"id": "f"}, 5000)["task"] == {
+        "id": "f",
+        "state": "pending",
+        "version": 1,
+        "resumes": 1,
+    }
+    assert set(server.outbox()) == {"f"}
 
 
 # ---------------------------------------------------------------- 8. resonate:delay

@@ -6,12 +6,15 @@ code is never renamed, only added.
 
 from typing import Final
 
+from troth.store import rows
+
 ATTEMPTS_EXHAUSTED: Final = "troth.dispatch.attempts_exhausted"
 SEND_TIMEOUT: Final = "troth.dispatch.send_timeout"
 SEND_CRASHED: Final = "troth.dispatch.send_crashed"
 CLAIM_EXPIRED: Final = "troth.dispatch.claim_expired"
 RECONCILED_FAILED: Final = "troth.dispatch.reconciled_failed"
 RESENDS_EXHAUSTED: Final = "troth.dispatch.resends_exhausted"
+SUPERSEDED: Final = rows.SUPERSEDED  # recorded by the store itself
 
 NO_CONNECTION: Final = "troth.poll.no_connection"
 CONNECTION_LOST: Final = "troth.poll.connection_lost"

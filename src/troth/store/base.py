@@ -249,9 +249,9 @@ class Store(ABC):
         of the batch gets that error (nothing of the batch was acknowledged).
         """
         with self.lock:
-            backend = self.begin()
             outcomes: list[Outcome[Any]] = []
             try:
+                backend = self.begin()
                 for job in jobs:
                     overlay = Overlay(backend)
                     try:

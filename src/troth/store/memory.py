@@ -315,7 +315,7 @@ class MemoryOutbox:
     def _requeue(self, row: OutboxRow, now: int, available_at: int, code: str | None) -> None:
         """Back to pending, unless a newer pending row for the key supersedes it."""
         if row.key in self.b.pending_by_key:
-            self._finish(row, rows.COMPLETED, now, "troth.dispatch.superseded")
+            self._finish(row, rows.COMPLETED, now, rows.SUPERSEDED)
             return
         self._finish(row, rows.PENDING, now, code)
         row.available_at = available_at

@@ -17,6 +17,9 @@ DISPATCHING: Final = "dispatching"
 COMPLETED: Final = "completed"
 FAILED: Final = "failed"
 OUTCOME_UNKNOWN: Final = "outcome_unknown"
+#: Code the store records on a requeued row that a newer pending row of its key
+#: replaced (at most one pending row per key).
+SUPERSEDED: Final = "troth.dispatch.superseded"
 ROW_STATES: Final = frozenset({PENDING, DISPATCHING, COMPLETED, FAILED, OUTCOME_UNKNOWN})
 
 

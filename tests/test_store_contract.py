@@ -1,0 +1,881 @@
+"""The Backend contract, run against every store through :meth:`Store.execute`.
+
+The machine is tested against the memory backend; every other backend must give the
+same answers.  Each test here runs on both stores (fixture ``store``); the last tests
+drive both with the same random jobs and compare every answer and the snapshots.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from troth.protocol.records import (
+    Execute,
+    Promise,
+    Schedule,
+    Task,
+    Unblock,
+    Value,
+)
+from troth.store.base import Job, Overlay, Store
+from troth.store.memory import MemoryStore
+from troth.store.rows import SUPERSEDED
+from troth.store.sqlite import SqliteStore
+
+T = TypeVar("T")
+
+BIG = 2**64 + 7  # beyond SQLite's 64-bit integers; the protocol's naturals are unbounded
+
+
+# -- helpers ---------------------------------------------------------------------------
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    s: Store = MemoryStore() if request.param == "memory" else SqliteStore(tmp_path / "t.db")
+    yield s
+    s.close()
+
+
+def run(store: Store, fn: Callable[[Overlay], T], now: int = 0) -> T:
+    """One job, one batch; re-raise its error."""
+    outcome = store.execute([Job(fn, now)])[0]
+    if outcome.error is not None:
+        raise outcome.error
+    return outcome.value  # type: ignore[return-value]
+
+
+def put(store: Store, *objs: Promise | Task | Schedule, now: int = 0) -> None:
+    def job(tx: Overlay) -> None:
+        for o in objs:
+            if isinstance(o, Promise):
+                tx.set_promise(o)
+            elif isinstance(o, Task):
+                tx.set_task(o)
+            else:
+                tx.set_schedule(o)
+
+    run(store, job, now)
+
+
+def promise(
+    id: str,
+    state: str = "pending",
+    *,
+    tags: dict[str, str] | None = None,
+    timeout_at: int = 1000,
+    created_at: int = 0,
+    settled_at: int | None = None,
+    callbacks: tuple[str, ...] = (),
+    listeners: tuple[str, ...] = (),
+    param: Value | None = None,
+    value: Value | None = None,
+) -> Promise:
+    return Promise(
+        id=id,
+        state=state,
+        param=param or Value(),
+        value=value or Value(),
+        tags=tags if tags is not None else {},
+        timeout_at=timeout_at,
+        created_at=created_at,
+        settled_at=settled_at,
+        callbacks=callbacks,
+        listeners=listeners,
+    )
+
+
+EXT = {"resonate:external": "true"}
+
+
+def schedule(id: str, next_run_at: int = 100, tags: dict[str, str] | None = None) -> Schedule:
+    return Schedule(
+        id=id,
+        cron="*/5 * * * *",
+        promise_id=f"{id}.{{{{.timestamp}}}}",
+        promise_timeout=60_000,
+        promise_param=Value(),
+        promise_tags=tags if tags is not None else {},
+        created_at=0,
+        next_run_at=next_run_at,
+    )
+
+
+def get_task(tx: Overlay, id: str) -> Task | None:
+    return tx.get_task(id)
+
+
+def outbox(store: Store) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = store.snapshot()["outbox"]
+    return rows
+
+
+# -- round trips -------------------------------------------------------------------------
+
+
+def test_promise_round_trip_all_fields(store: Store) -> None:
+    full = promise(
+        "p/1:x",
+        "resolved",
+        tags={"resonate:target": "poll://any@g", "resonate:branch": "root", "é": "ü"},
+        timeout_at=5000,
+        created_at=10,
+        settled_at=20,
+        callbacks=("root", "other"),
+        listeners=("poll://any@l", "http://h/x"),
+        param=Value({"content-type": "json"}, "eyJhIjoxfQ=="),
+        value=Value({}, ""),
+    )
+    minimal = promise("min", tags={})
+    huge = promise("huge", timeout_at=BIG, created_at=2**63 - 1, settled_at=10**30)
+    put(store, full, minimal, huge)
+    assert run(store, lambda tx: tx.get_promise("p/1:x")) == full
+    assert run(store, lambda tx: tx.get_promise("min")) == minimal
+    assert run(store, lambda tx: tx.get_promise("huge")) == huge
+    assert run(store, lambda tx: tx.get_promise("absent")) is None
+    got = run(store, lambda tx: tx.get_promise("p/1:x"))
+    assert isinstance(got, Promise) and isinstance(got.callbacks, tuple)
+
+
+def test_task_round_trip(store: Store) -> None:
+    full = Task("t", "acquired", 7, ttl=30_000, pid="w1", expires_at=31_000, resumes=("a", "b"))
+    both = Task("both", "suspended", 3, expires_at=5, retry_at=6)
+    minimal = Task("m", "fulfilled", 0)
+    huge = Task("h", "pending", BIG, ttl=BIG, retry_at=BIG)
+    put(store, full, both, minimal, huge)
+    for t in (full, both, minimal, huge):
+        got = run(store, functools.partial(get_task, id=t.id))
+        assert got == t and isinstance(got, Task) and isinstance(got.resumes, tuple)
+    assert run(store, lambda tx: tx.get_task("absent")) is None
+
+
+def test_schedule_round_trip_and_delete(store: Store) -> None:
+    s = Schedule(
+        id="s",
+        cron="0 * * * *",
+        promise_id="s.{{.timestamp}}",
+        promise_timeout=60_000,
+        promise_param=Value({"h": "v"}, "ZGF0YQ=="),
+        promise_tags={"resonate:target": "poll://any@g"},
+        created_at=1,
+        next_run_at=3_600_000,
+        last_run_at=0,
+    )
+    put(store, s, schedule("other"))
+    assert run(store, lambda tx: tx.get_schedule("s")) == s
+
+    def delete(tx: Overlay) -> Schedule | None:
+        tx.del_schedule("s")
+        return tx.get_schedule("s")  # read-your-writes: gone already
+
+    assert run(store, delete) is None
+    assert run(store, lambda tx: tx.get_schedule("s")) is None
+    assert [x.id for x in run(store, lambda tx: tx.scan_schedules({}, None, 10))] == ["other"]
+    assert run(store, lambda tx: tx.due_schedules(10**9, 10)) == ["other"]
+
+    def delete_absent(tx: Overlay) -> None:
+        tx.del_schedule("never")
+
+    run(store, delete_absent)  # deleting nothing is fine
+
+
+def test_upsert_replaces(store: Store) -> None:
+    put(store, promise("p", tags=EXT, timeout_at=50))
+    put(store, promise("p", "rejected_timedout", tags=EXT, timeout_at=50, settled_at=50))
+    got = run(store, lambda tx: tx.get_promise("p"))
+    assert got is not None and got.state == "rejected_timedout"
+    assert run(store, lambda tx: tx.due_promises(100, 10)) == []
+    assert len(store.snapshot()["promises"]) == 1
+
+
+# -- read-your-writes and group commit -------------------------------------------------------
+
+
+def test_read_your_writes_inside_a_job(store: Store) -> None:
+    put(store, promise("p", timeout_at=1), Task("p", "pending", 0), schedule("s"))
+
+    def job(tx: Overlay) -> tuple[Any, ...]:
+        tx.set_promise(promise("p", timeout_at=2))
+        tx.set_task(Task("p", "acquired", 1))
+        tx.set_promise(promise("new"))
+        return (tx.get_promise("p"), tx.get_task("p"), tx.get_promise("new"))
+
+    p, t, new = run(store, job)
+    assert p.timeout_at == 2 and t.state == "acquired" and new is not None
+
+
+def test_later_job_of_a_batch_sees_earlier_one(store: Store) -> None:
+    def first(tx: Overlay) -> None:
+        tx.set_promise(promise("a"))
+
+    def second(tx: Overlay) -> Promise | None:
+        return tx.get_promise("a")
+
+    outcomes = store.execute([Job(first, 0), Job(second, 0)])
+    assert outcomes[1].value == promise("a")
+
+
+def test_group_commit_isolates_a_failing_job(store: Store) -> None:
+    def first(tx: Overlay) -> str:
+        tx.set_promise(promise("a"))
+        tx.set_message("poll://any@a", Execute("a", 0))
+        return "first"
+
+    def middle(tx: Overlay) -> str:
+        tx.set_promise(promise("b"))
+        tx.set_task(Task("b", "pending", 0, retry_at=0))
+        tx.set_schedule(schedule("sb"))
+        tx.set_message("poll://any@b", Execute("b", 0))
+        raise RuntimeError("boom")
+
+    def third(tx: Overlay) -> tuple[str, Promise | None]:
+        tx.set_promise(promise("c"))
+        return "third", tx.get_promise("b")
+
+    outcomes = store.execute([Job(first, 1), Job(middle, 2), Job(third, 3)])
+    assert outcomes[0].value == "first" and outcomes[0].wrote and outcomes[0].error is None
+    assert isinstance(outcomes[1].error, RuntimeError) and not outcomes[1].wrote
+    assert outcomes[2].value == ("third", None)  # the middle job never reached the backend
+    snap = store.snapshot()
+    assert [p["id"] for p in snap["promises"]] == ["a", "c"]
+    assert snap["tasks"] == [] and snap["schedules"] == []
+    assert [(r["key"], r["createdAt"]) for r in snap["outbox"]] == [("a", 1)]
+
+
+def test_job_without_writes_reports_wrote_false(store: Store) -> None:
+    outcome = store.execute([Job(lambda tx: tx.get_promise("x"), 0)])[0]
+    assert outcome.error is None and outcome.value is None and not outcome.wrote
+    assert store.read(lambda tx: 42) == 42
+
+
+# -- the outbox ----------------------------------------------------------------------------
+
+
+def test_execute_messages_are_keyed_by_task(store: Store) -> None:
+    def send(version: int) -> Callable[[Overlay], None]:
+        def job(tx: Overlay) -> None:
+            tx.set_message("poll://any@g", Execute("t1", version))
+
+        return job
+
+    run(store, send(1), now=10)
+    run(store, send(2), now=20)
+    rows = outbox(store)
+    assert len(rows) == 1
+    assert rows[0]["message"] == {"kind": "execute", "taskId": "t1", "version": 2}
+    assert rows[0]["id"] == 2 and rows[0]["createdAt"] == 20  # a new row, at the back
+    assert rows[0]["state"] == "pending" and rows[0]["attempts"] == 0
+
+    def twice(tx: Overlay) -> None:  # within one job, the latest wins too
+        tx.set_message("poll://any@g", Execute("t2", 0))
+        tx.set_message("poll://any@h", Execute("t2", 5))
+
+    run(store, twice, now=30)
+    rows = outbox(store)
+    assert [(r["key"], r["address"], r["message"]["version"]) for r in rows] == [
+        ("t1", "poll://any@g", 2),
+        ("t2", "poll://any@h", 5),
+    ]
+
+
+def test_unblock_messages_are_keyed_per_address(store: Store) -> None:
+    p = promise("p", "resolved", settled_at=5, value=Value({}, "b2s="), tags={"k": "v"})
+    rec = p.record()
+
+    def notify(*addresses: str) -> Callable[[Overlay], None]:
+        def job(tx: Overlay) -> None:
+            for a in addresses:
+                tx.set_message(a, Unblock(rec))
+
+        return job
+
+    run(store, notify("poll://any@a", "poll://any@b"), now=1)
+    run(store, notify("poll://any@a"), now=2)
+    rows = outbox(store)
+    assert [(r["id"], r["key"]) for r in rows] == [
+        (2, "p:notify:poll://any@b"),
+        (3, "p:notify:poll://any@a"),
+    ]
+    assert rows[1]["message"] == {
+        "kind": "unblock",
+        "promise": {
+            "id": "p",
+            "state": "resolved",
+            "param": {},
+            "value": {"data": "b2s="},
+            "tags": {"k": "v"},
+            "timeoutAt": 1000,
+            "createdAt": 0,
+            "settledAt": 5,
+        },
+    }
+
+
+# -- deadlines --------------------------------------------------------------------------------
+
+
+def test_due_promises_boundaries(store: Store) -> None:
+    put(
+        store,
+        promise("at-100", tags=EXT, timeout_at=100),
+        promise("target", tags={"resonate:target": "poll://any@g"}, timeout_at=90),
+        promise("timer", tags={"resonate:timer": "true"}, timeout_at=100),
+        promise("internal", tags={}, timeout_at=10),  # not external: no durable deadline
+        promise("settled", "resolved", tags=EXT, timeout_at=10, settled_at=5),
+        promise("later", tags=EXT, timeout_at=101),
+        promise("huge", tags=EXT, timeout_at=BIG),
+    )
+    assert run(store, lambda tx: tx.due_promises(99, 10)) == ["target"]
+    assert run(store, lambda tx: tx.due_promises(100, 10)) == ["target", "at-100", "timer"]
+    assert run(store, lambda tx: tx.due_promises(100, 2)) == ["target", "at-100"]
+    assert run(store, lambda tx: tx.due_promises(10**12, 10)) == [
+        "target",
+        "at-100",
+        "timer",
+        "later",
+    ]
+    assert run(store, lambda tx: tx.due_promises(BIG, 10))[-1] == "huge"
+    assert run(store, lambda tx: tx.due_promises(BIG - 1, 10))[-1] == "later"
+
+
+def test_due_tasks_boundaries(store: Store) -> None:
+    put(
+        store,
+        Task("retry", "pending", 0, retry_at=50),
+        Task("expire", "acquired", 1, ttl=10, pid="w", expires_at=40),
+        Task("no-retry", "pending", 0),
+        Task("suspended", "suspended", 1, retry_at=1, expires_at=1),
+        Task("acq-with-retry", "acquired", 1, retry_at=1, expires_at=60),
+        Task("pend-with-exp", "pending", 1, retry_at=60, expires_at=1),
+        Task("done", "fulfilled", 1, retry_at=1),
+    )
+    assert run(store, lambda tx: tx.due_tasks(39, 10)) == []
+    assert run(store, lambda tx: tx.due_tasks(40, 10)) == ["expire"]
+    assert run(store, lambda tx: tx.due_tasks(50, 10)) == ["expire", "retry"]
+    assert run(store, lambda tx: tx.due_tasks(60, 10)) == [
+        "expire",
+        "retry",
+        "acq-with-retry",
+        "pend-with-exp",
+    ]
+    assert run(store, lambda tx: tx.due_tasks(60, 1)) == ["expire"]
+    # Re-arming moves the deadline: the old one is gone.
+    put(store, Task("retry", "acquired", 1, expires_at=70))
+    assert run(store, lambda tx: tx.due_tasks(60, 10)) == [
+        "expire",
+        "acq-with-retry",
+        "pend-with-exp",
+    ]
+
+
+def test_due_schedules(store: Store) -> None:
+    put(store, schedule("b", 100), schedule("a", 100), schedule("c", 99), schedule("z", BIG))
+    assert run(store, lambda tx: tx.due_schedules(98, 10)) == []
+    assert run(store, lambda tx: tx.due_schedules(99, 10)) == ["c"]
+    assert run(store, lambda tx: tx.due_schedules(100, 10)) == ["c", "a", "b"]
+    assert run(store, lambda tx: tx.due_schedules(100, 2)) == ["c", "a"]
+
+
+def test_next_deadline_across_kinds(store: Store) -> None:
+    assert run(store, lambda tx: tx.next_deadline()) is None
+    put(store, promise("internal", timeout_at=1), Task("done", "fulfilled", 0))
+    assert run(store, lambda tx: tx.next_deadline()) is None
+    put(store, promise("huge", tags=EXT, timeout_at=10**30))
+    put(store, schedule("far", 2**70))
+    assert run(store, lambda tx: tx.next_deadline()) == 2**70
+    put(store, schedule("s", 500))
+    assert run(store, lambda tx: tx.next_deadline()) == 500
+    put(store, promise("p", tags=EXT, timeout_at=400))
+    assert run(store, lambda tx: tx.next_deadline()) == 400
+    put(store, Task("t", "acquired", 1, expires_at=300))
+    assert run(store, lambda tx: tx.next_deadline()) == 300
+    put(store, Task("u", "pending", 0, retry_at=200))
+    assert run(store, lambda tx: tx.next_deadline()) == 200
+    put(store, Task("u", "suspended", 0, retry_at=200))  # disarmed
+    assert run(store, lambda tx: tx.next_deadline()) == 300
+    put(store, promise("d", "resolved", settled_at=1, callbacks=("x",)))
+    assert run(store, lambda tx: tx.next_deadline()) == 0  # undrained: repair now
+    put(store, promise("d", "resolved", settled_at=1))
+    assert run(store, lambda tx: tx.next_deadline()) == 300
+
+
+def test_undrained(store: Store) -> None:
+    put(
+        store,
+        promise("pending-cb", callbacks=("x",)),
+        promise("b-settled-cb", "resolved", settled_at=1, callbacks=("x",)),
+        promise("a-settled-ls", "rejected", settled_at=1, listeners=("poll://any@l",)),
+        promise("settled-empty", "resolved", settled_at=1),
+    )
+    assert run(store, lambda tx: tx.undrained_promises(10)) == ["a-settled-ls", "b-settled-cb"]
+    assert run(store, lambda tx: tx.undrained_promises(1)) == ["a-settled-ls"]
+    put(store, promise("a-settled-ls", "rejected", settled_at=1))
+    assert run(store, lambda tx: tx.undrained_promises(10)) == ["b-settled-cb"]
+
+
+# -- scans ------------------------------------------------------------------------------------
+
+
+def test_scan_promises(store: Store) -> None:
+    put(
+        store,
+        promise("a", tags={"resonate:origin": "r", "k": "1"}),
+        promise("b", "resolved", tags={"resonate:origin": "r", "k": "2"}, settled_at=1),
+        promise("c", "rejected", tags={"resonate:origin": "s"}, settled_at=1),
+        promise("d", tags={'we"ird.key': "x", "k": "1"}),
+        promise("e", "rejected_timedout", tags={"resonate:origin": "r"}, settled_at=1),
+    )
+
+    def ids(states: Any, tags: dict[str, str], after: str | None, limit: int) -> list[str]:
+        return [p.id for p in run(store, lambda tx: tx.scan_promises(states, tags, after, limit))]
+
+    assert ids(None, {}, None, 100) == ["a", "b", "c", "d", "e"]
+    assert ids(None, {}, "b", 100) == ["c", "d", "e"]
+    assert ids(None, {}, "bb", 2) == ["c", "d"]
+    assert ids(None, {}, "e", 10) == []
+    assert ids({"pending"}, {}, None, 10) == ["a", "d"]
+    assert ids(["rejected", "rejected_timedout"], {}, None, 10) == ["c", "e"]
+    assert ids(set(), {}, None, 10) == []
+    assert ids(None, {"resonate:origin": "r"}, None, 10) == ["a", "b", "e"]
+    assert ids(None, {"resonate:origin": "r", "k": "1"}, None, 10) == ["a"]
+    assert ids(None, {"k": "1"}, "a", 10) == ["d"]
+    assert ids(None, {'we"ird.key': "x"}, None, 10) == ["d"]
+    assert ids(None, {"k": "3"}, None, 10) == []
+    assert ids({"resolved", "pending"}, {"resonate:origin": "r"}, None, 1) == ["a"]
+    assert ids({"resolved", "pending"}, {"resonate:origin": "r"}, "a", 1) == ["b"]
+
+
+def test_scan_tasks(store: Store) -> None:
+    put(
+        store,
+        Task("a", "pending", 0),
+        Task("b", "acquired", 1),
+        Task("c", "pending", 2),
+        Task("d", "fulfilled", 3),
+    )
+
+    def ids(states: Any, after: str | None, limit: int) -> list[str]:
+        return [t.id for t in run(store, lambda tx: tx.scan_tasks(states, after, limit))]
+
+    assert ids(None, None, 10) == ["a", "b", "c", "d"]
+    assert ids({"pending"}, None, 10) == ["a", "c"]
+    assert ids({"pending"}, "a", 10) == ["c"]
+    assert ids(None, "a", 2) == ["b", "c"]
+    assert ids((), None, 10) == []
+
+
+def test_scan_schedules(store: Store) -> None:
+    put(
+        store,
+        schedule("a", tags={"resonate:target": "poll://any@g"}),
+        schedule("b", tags={}),
+        schedule("c", tags={"resonate:target": "poll://any@g", "x": "y"}),
+    )
+
+    def ids(tags: dict[str, str], after: str | None, limit: int) -> list[str]:
+        return [s.id for s in run(store, lambda tx: tx.scan_schedules(tags, after, limit))]
+
+    assert ids({}, None, 10) == ["a", "b", "c"]
+    assert ids({"resonate:target": "poll://any@g"}, None, 10) == ["a", "c"]
+    assert ids({"resonate:target": "poll://any@g"}, "a", 10) == ["c"]
+    assert ids({}, None, 1) == ["a"]
+    assert ids({"x": "z"}, None, 10) == []
+
+
+def test_promises_in_branch(store: Store) -> None:
+    put(
+        store,
+        promise("root", tags={"resonate:branch": "root"}),
+        promise("root.2", tags={"resonate:branch": "root"}),
+        promise("root.1", tags={"resonate:branch": "root"}),
+        promise("other", tags={"resonate:branch": "other"}),
+        promise("none", tags={}),
+        promise("empty", tags={"resonate:branch": ""}),
+    )
+
+    def ids(branch: str, limit: int) -> list[str]:
+        return [p.id for p in run(store, lambda tx: tx.promises_in_branch(branch, limit))]
+
+    assert ids("root", 10) == ["root", "root.1", "root.2"]
+    assert ids("root", 2) == ["root", "root.1"]
+    assert ids("other", 10) == ["other"]
+    assert ids("missing", 10) == []
+    assert ids("", 10) == []
+    got = run(store, lambda tx: tx.promises_in_branch("root", 1))
+    assert got == [promise("root", tags={"resonate:branch": "root"})]
+
+
+# -- reset and snapshot -----------------------------------------------------------------------
+
+
+def test_reset(store: Store) -> None:
+    def job(tx: Overlay) -> None:
+        tx.set_promise(promise("p", tags=EXT))
+        tx.set_task(Task("p", "pending", 0, retry_at=1))
+        tx.set_schedule(schedule("s"))
+        tx.set_message("poll://any@g", Execute("p", 0))
+
+    run(store, job)
+    run(store, job)
+    store.reset()
+    assert store.snapshot() == {"promises": [], "tasks": [], "schedules": [], "outbox": []}
+    assert run(store, lambda tx: tx.next_deadline()) is None
+    run(store, job)
+    assert [r["id"] for r in outbox(store)] == [1]  # ids start over, as in a fresh store
+
+
+def test_snapshot_shape(store: Store) -> None:
+    def job(tx: Overlay) -> None:
+        tx.set_promise(promise("p", "resolved", settled_at=3, callbacks=("c",)))
+        tx.set_task(Task("p", "fulfilled", 1, resumes=("r",)))
+        tx.set_schedule(schedule("s"))
+        tx.set_message("poll://any@g", Execute("p", 1))
+
+    run(store, job, now=7)
+    snap = store.snapshot()
+    assert snap["promises"] == [
+        {
+            "id": "p",
+            "state": "resolved",
+            "param": {},
+            "value": {},
+            "tags": {},
+            "timeoutAt": 1000,
+            "createdAt": 0,
+            "settledAt": 3,
+            "callbacks": ["c"],
+            "listeners": [],
+        }
+    ]
+    assert snap["tasks"] == [{"id": "p", "state": "fulfilled", "version": 1, "resumes": ["r"]}]
+    assert snap["schedules"] == [
+        {
+            "id": "s",
+            "cron": "*/5 * * * *",
+            "promiseId": "s.{{.timestamp}}",
+            "promiseTimeout": 60000,
+            "promiseParam": {},
+            "promiseTags": {},
+            "createdAt": 0,
+            "nextRunAt": 100,
+        }
+    ]
+    # The outbox row's shape is memory.py's snap_row (shared); check what apply wrote.
+    [row] = snap["outbox"]
+    assert row["id"] == 1 and row["key"] == "p" and row["address"] == "poll://any@g"
+    assert row["message"] == {"kind": "execute", "taskId": "p", "version": 1}
+    assert row["state"] == "pending" and row["attempts"] == 0 and row["createdAt"] == 7
+
+
+# -- the outbox lifecycle (store.outbox) ------------------------------------------------------
+
+
+def send(store: Store, *messages: tuple[str, Execute | Unblock], now: int) -> None:
+    def job(tx: Overlay) -> None:
+        for address, message in messages:
+            tx.set_message(address, message)
+
+    run(store, job, now)
+
+
+def test_claim_due_in_available_order(store: Store) -> None:
+    life = store.outbox
+    send(store, ("poll://any@g", Execute("b", 0)), now=20)
+    send(store, ("poll://any@g", Execute("a", 0)), now=10)
+    send(store, ("poll://any@g", Execute("c", 0)), now=30)
+    assert life.next_due() == 10
+    assert life.claim_due("w", 9, 10, "t0") == []
+    claimed = life.claim_due("w", 25, 10, "t1")
+    assert [(r.id, r.key) for r in claimed] == [(2, "a"), (1, "b")]
+    row = claimed[0]
+    assert (row.state, row.claim_token, row.claimed_by, row.claimed_at) == (
+        "dispatching",
+        "t1",
+        "w",
+        25,
+    )
+    assert row.updated_at == 25 and row.available_at == 10 and row.created_at == 10
+    assert row.entry.message == Execute("a", 0) and row.address == "poll://any@g"
+    assert life.next_due() == 30
+    assert [r.key for r in life.claim_due("w", 100, 1, "t2")] == ["c"]
+    assert life.next_due() is None
+    assert life.claim_due("w", 100, 10, "t3") == []
+
+
+def test_settle_is_fenced_by_the_claim_token(store: Store) -> None:
+    life = store.outbox
+    send(store, ("poll://any@g", Execute("a", 0)), now=1)
+    [row] = life.claim_due("w", 1, 10, "tok")
+    assert not life.settle(row.id, "other", "completed", 2)
+    assert not life.settle(999, "tok", "completed", 2)
+    assert life.settle(row.id, "tok", "completed", 2)
+    assert not life.settle(row.id, "tok", "completed", 3)  # no longer held
+    [snap] = store.snapshot()["outbox"]
+    assert (snap["state"], snap["attempts"]) == ("completed", 0)
+
+
+def test_retry_requeues_or_is_superseded(store: Store) -> None:
+    life = store.outbox
+    send(store, ("poll://any@g", Execute("a", 0)), ("poll://any@g", Execute("b", 0)), now=1)
+    a, b = life.claim_due("w", 1, 10, "tok")
+    # While "a" is in flight, a newer message for its key arrives: it must not replace
+    # the claimed row, and the retry of the old one is then superseded.
+    send(store, ("poll://any@g", Execute("a", 1)), now=2)
+    assert life.settle(a.id, "tok", "pending", 3, "busy", 50)
+    assert life.settle(b.id, "tok", "pending", 3, "busy", 40)
+    rows = {r["id"]: r for r in store.snapshot()["outbox"]}
+    assert (rows[a.id]["state"], rows[a.id]["attempts"]) == ("completed", 1)
+    assert rows[a.id].get("lastCode", SUPERSEDED) == SUPERSEDED
+    assert (rows[b.id]["state"], rows[b.id]["attempts"]) == ("pending", 1)
+    assert rows[3]["message"]["version"] == 1 and rows[3]["state"] == "pending"
+    assert life.next_due() == 2
+    assert [r.id for r in life.claim_due("w", 45, 10, "t2")] == [3, b.id]
+    # A requeued row is the pending row of its key again: a new message replaces it.
+    assert life.settle(b.id, "t2", "pending", 46, None, None)
+    send(store, ("poll://any@g", Execute("b", 9)), now=47)
+    keys = [(r["id"], r["key"], r["state"]) for r in store.snapshot()["outbox"]]
+    assert (b.id, "b", "pending") not in keys and (4, "b", "pending") in keys
+
+
+def test_failure_unknown_and_reconciliation(store: Store) -> None:
+    life = store.outbox
+    send(store, *[("poll://any@g", Execute(k, 0)) for k in "abcd"], now=1)
+    a, b, c, d = life.claim_due("w", 1, 10, "tok")
+    assert life.settle(a.id, "tok", "failed", 2, "boom")
+    assert life.settle(b.id, "tok", "outcome_unknown", 2, "timeout")
+    assert life.settle(c.id, "tok", "outcome_unknown", 2, "timeout")
+    assert [r.id for r in life.unknown_rows(10)] == [b.id, c.id]
+    assert [r.id for r in life.unknown_rows(1)] == [b.id]
+    assert not life.settle_unknown(a.id, 3, "completed", None)  # not unknown
+    assert life.settle_unknown(b.id, 3, "pending", "resend")
+    assert life.settle_unknown(c.id, 3, "failed", "gave up")
+    assert not life.settle_unknown(c.id, 3, "completed", None)
+    rows = {r["id"]: r for r in store.snapshot()["outbox"]}
+    assert (rows[a.id]["state"], rows[a.id]["attempts"]) == ("failed", 1)
+    assert (rows[b.id]["state"], rows[b.id]["attempts"]) == ("pending", 0)
+    assert rows[c.id]["state"] == "failed"
+    assert life.next_due() == 3
+    # The reaper: d was claimed at 1 and never settled.
+    assert life.release_expired_claims(1, 10, "expired") == 0
+    assert life.release_expired_claims(2, 10, "expired") == 1
+    assert [r.id for r in life.unknown_rows(10)] == [d.id]
+    [unknown] = life.unknown_rows(10)
+    assert unknown.claim_token is None and unknown.last_code == "expired"
+    assert unknown.claimed_by == "w" and unknown.claimed_at == 1
+
+
+def test_purge_completed(store: Store) -> None:
+    life = store.outbox
+    send(store, *[("poll://any@g", Execute(k, 0)) for k in "abc"], now=1)
+    a, b, c = life.claim_due("w", 1, 10, "tok")
+    life.settle(a.id, "tok", "completed", 5)
+    life.settle(b.id, "tok", "completed", 9)
+    life.settle(c.id, "tok", "failed", 1, "x")
+    assert life.purge_completed(5) == 0
+    assert life.purge_completed(6) == 1
+    assert [r["id"] for r in store.snapshot()["outbox"]] == [b.id, c.id]
+    assert life.purge_completed(100) == 1
+    assert [r["id"] for r in store.snapshot()["outbox"]] == [c.id]
+
+
+# -- differential: memory and sqlite answer alike -----------------------------------------------
+
+IDS = ["a", "b", "c", "d", "e", "f"]
+STATES = ["pending", "resolved", "rejected", "rejected_canceled", "rejected_timedout"]
+TASK_STATES = ["pending", "acquired", "suspended", "halted", "fulfilled"]
+TAG_CHOICES: list[dict[str, str]] = [
+    {},
+    {"resonate:external": "true"},
+    {"resonate:target": "poll://any@g", "resonate:branch": "a"},
+    {"resonate:timer": "true", "resonate:branch": "b", "resonate:origin": "b"},
+    {"resonate:origin": "a", "resonate:branch": "a"},
+]
+
+
+class Model:
+    """Random jobs over a small id space, so upserts, re-arms and collisions are common."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+        # Tags never change after birth (as in the protocol), so fix them per id.
+        self.tags = {id: self.rng.choice(TAG_CHOICES) for id in IDS}
+
+    def opt(self, hi: int = 30) -> int | None:
+        return None if self.rng.random() < 0.3 else self.rng.randint(0, hi)
+
+    def promise(self) -> Promise:
+        r = self.rng
+        id = r.choice(IDS)
+        state = r.choice(STATES)
+        return promise(
+            id,
+            state,
+            tags=self.tags[id],
+            timeout_at=r.choice([r.randint(0, 30), BIG]),
+            created_at=r.randint(0, 30),
+            settled_at=None if state == "pending" else r.randint(0, 30),
+            # Mostly drained, so next_deadline is not always 0.
+            callbacks=tuple(r.sample(IDS, r.choice([0, 0, 0, 0, 1, 2]))),
+            listeners=tuple(r.sample(["poll://any@x", "http://h/y"], r.choice([0, 0, 0, 1]))),
+            value=r.choice([Value(), Value({"h": "v"}, "ZA==")]),
+        )
+
+    def task(self) -> Task:
+        r = self.rng
+        return Task(
+            r.choice(IDS),
+            r.choice(TASK_STATES),
+            r.randint(0, 5),
+            ttl=self.opt(),
+            pid=r.choice([None, "w1"]),
+            expires_at=self.opt(),
+            retry_at=self.opt(),
+            resumes=tuple(r.sample(IDS, r.randint(0, 2))),
+        )
+
+    def job(self) -> Callable[[Overlay], Any]:
+        r = self.rng
+        ops: list[tuple[str, Any]] = []
+        for _ in range(r.randint(1, 4)):
+            kind = r.randrange(6)
+            if kind == 0:
+                ops.append(("promise", self.promise()))
+            elif kind == 1:
+                ops.append(("task", self.task()))
+            elif kind == 2:
+                s = schedule(r.choice(IDS), r.randint(0, 30), self.tags[r.choice(IDS)])
+                ops.append(("schedule", s))
+            elif kind == 3:
+                ops.append(("delete", r.choice(IDS)))
+            elif kind == 4:
+                m = Execute(r.choice(IDS), r.randint(0, 5))
+                ops.append(("message", (r.choice(["poll://any@g", "poll://any@h"]), m)))
+            else:
+                u = Unblock(self.promise().record())
+                ops.append(("message", (r.choice(["poll://any@x", "http://h/y"]), u)))
+        fail = r.random() < 0.15
+
+        def job(tx: Overlay) -> Any:
+            seen = [tx.get_promise(id) for id in IDS]
+            for kind, arg in ops:
+                if kind == "promise":
+                    tx.set_promise(arg)
+                elif kind == "task":
+                    tx.set_task(arg)
+                elif kind == "schedule":
+                    tx.set_schedule(arg)
+                elif kind == "delete":
+                    tx.del_schedule(arg)
+                else:
+                    tx.set_message(*arg)
+            if fail:
+                raise ValueError("discarded")
+            return seen + [tx.get_task(id) for id in IDS] + [tx.get_schedule(id) for id in IDS]
+
+        return job
+
+    def lifecycle(self) -> Callable[[Store], Any]:
+        """One call of the outbox lifecycle, drawn once and applied to each store."""
+        r = self.rng
+        kind = r.randrange(8)
+        now, token, worker = r.randint(0, 31), r.choice(["t1", "t2"]), r.choice(["w1", "w2"])
+        row_id, limit = r.randint(1, 12), r.randint(1, 4)
+        state = r.choice(["pending", "completed", "failed", "outcome_unknown"])
+        code, at = r.choice([None, "c1", "c2"]), r.choice([None, r.randint(0, 40)])
+
+        def op(store: Store) -> Any:
+            life = store.outbox
+            if kind <= 1:
+                return life.claim_due(worker, now, limit, token)
+            if kind == 2:
+                return life.settle(row_id, token, state, now, code, at)
+            if kind == 3:
+                return life.unknown_rows(limit)
+            if kind == 4:
+                return life.settle_unknown(row_id, now, state, code)
+            if kind == 5:
+                return life.release_expired_claims(now - 10, now, "expired")
+            if kind == 6:
+                return life.purge_completed(now - 5)
+            return life.next_due()
+
+        return op
+
+    def query(self) -> Callable[[Overlay], Any]:
+        r = self.rng
+        now, limit = r.randint(0, 31), r.randint(1, 7)
+        after = r.choice([None, *IDS, "c0"])
+        states = r.choice([None, set(r.sample(STATES, r.randint(0, 3)))])
+        tstates = r.choice([None, set(r.sample(TASK_STATES, r.randint(0, 3)))])
+        tags = r.choice([{}, {"resonate:origin": "a"}, {"resonate:branch": "b"}, {"x": "y"}])
+        branch = r.choice(["a", "b", "c"])
+        return lambda tx: (
+            tx.due_promises(now, limit),
+            tx.due_tasks(now, limit),
+            tx.due_schedules(now, limit),
+            tx.undrained_promises(limit),
+            tx.next_deadline(),
+            tx.scan_promises(states, tags, after, limit),
+            tx.scan_tasks(tstates, after, limit),
+            tx.scan_schedules(tags, after, limit),
+            tx.promises_in_branch(branch, limit),
+        )
+
+
+def outcomes_of(store: Store, jobs: list[Job[Any]]) -> list[tuple[Any, str | None, bool]]:
+    return [
+        (o.value, None if o.error is None else repr(o.error), o.wrote) for o in store.execute(jobs)
+    ]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_same_answers_as_memory(seed: int, tmp_path: Path) -> None:
+    model = Model(seed)
+    memory, sqlite = MemoryStore(), SqliteStore(tmp_path / "d.db", synchronous="normal")
+    try:
+        for step in range(120):
+            batch = [
+                Job(model.job(), model.rng.randint(0, 30)) for _ in range(model.rng.randint(1, 3))
+            ]
+            assert outcomes_of(memory, batch) == outcomes_of(sqlite, batch), step
+            for _ in range(2):
+                q = model.query()
+                assert memory.read(q) == sqlite.read(q), step
+            for _ in range(model.rng.randint(0, 3)):
+                op = model.lifecycle()
+                assert op(memory) == op(sqlite), step
+            if step % 40 == 39:
+                assert memory.snapshot() == sqlite.snapshot(), step
+            if step == 80:
+                memory.reset()
+                sqlite.reset()
+        assert memory.snapshot() == sqlite.snapshot()
+    finally:
+        sqlite.close()
+
+
+def test_snapshots_equal_after_same_jobs(tmp_path: Path) -> None:
+    memory, sqlite = MemoryStore(), SqliteStore(tmp_path / "s.db")
+    rec = promise("p", "resolved", settled_at=2, tags={"resonate:origin": "o"}).record()
+
+    def job(tx: Overlay) -> None:
+        tx.set_promise(promise("p", "resolved", settled_at=2, listeners=("poll://any@l",)))
+        tx.set_task(Task("p", "fulfilled", 3, ttl=5, pid="w", resumes=("q",)))
+        tx.set_schedule(schedule("s", tags={"resonate:target": "poll://any@g"}))
+        tx.set_message("poll://any@l", Unblock(rec))
+        tx.set_message("poll://any@g", Execute("p", 3))
+
+    try:
+        for store in (memory, sqlite):
+            run(store, job, now=5)
+            run(store, job, now=6)
+        assert memory.snapshot() == sqlite.snapshot()
+        assert len(memory.snapshot()["outbox"]) == 2
+    finally:
+        sqlite.close()
