@@ -36,6 +36,7 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--send-timeout", type=float, help="seconds before a send is unknown (30)")
     p.add_argument("--max-attempts", type=int, help="sends of one outbox row before it fails (5)")
     p.add_argument("--dispatch-concurrency", type=int, help="sends in flight at once (64)")
+    p.add_argument("--outbox-retention", type=float, help="seconds delivered rows are kept")
 
 
 def settings_from(args: argparse.Namespace, base: Settings | None = None) -> Settings:
@@ -54,6 +55,7 @@ def settings_from(args: argparse.Namespace, base: Settings | None = None) -> Set
         "send_timeout": args.send_timeout,
         "max_attempts": args.max_attempts,
         "dispatch_concurrency": args.dispatch_concurrency,
+        "outbox_retention": args.outbox_retention,
     }
     return load(overrides, toml_path=args.config, base=base)
 

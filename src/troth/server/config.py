@@ -36,6 +36,7 @@ class Settings:
     send_timeout: float = 30.0  # seconds; a send that takes longer is outcome-unknown
     max_attempts: int = 5  # sends of one outbox row before it fails
     dispatch_concurrency: int = 64  # sends in flight at once
+    outbox_retention: float = 3600.0  # seconds delivered outbox rows are kept
 
     def __post_init__(self) -> None:
         if self.store not in ("memory", "sqlite"):
@@ -46,6 +47,8 @@ class Settings:
             raise ConfigError("retry_timeout must be > 0 (milliseconds)")
         if self.keepalive <= 0 or self.send_timeout <= 0:
             raise ConfigError("keepalive and send_timeout must be > 0 (seconds)")
+        if self.outbox_retention < 0:
+            raise ConfigError("outbox_retention must be >= 0 (seconds)")
         if self.max_attempts < 1 or self.dispatch_concurrency < 1:
             raise ConfigError("max_attempts and dispatch_concurrency must be >= 1")
         if self.max_body <= 0:

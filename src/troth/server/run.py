@@ -44,6 +44,7 @@ def build_app(settings: Settings, store: Store | None = None) -> App:
         send_timeout=settings.send_timeout,
         max_attempts=settings.max_attempts,
         concurrency=settings.dispatch_concurrency,
+        retention=settings.outbox_retention,
         claim_timeout=max(120.0, settings.send_timeout * 4),
     )
     delivery = DeliveryLoop(
