@@ -12,7 +12,6 @@ from typing import Any
 
 import msgspec
 
-from troth.machine.core import handle
 from troth.machine.internal import Config
 from troth.outbox import codes
 from troth.outbox.types import Completed, Failed, Reconciled, Resend
