@@ -10,6 +10,7 @@ on shutdown.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import uuid
@@ -32,7 +33,7 @@ from troth.protocol.records import Execute
 from troth.server.engine import Engine
 from troth.server.metrics import Metrics
 from troth.store import rows as states
-from troth.store.rows import OutboxLifecycle, OutboxRow
+from troth.store.rows import OutboxLifecycle, OutboxRow, Settlement
 
 log = logging.getLogger("troth.delivery")
 
@@ -47,6 +48,8 @@ class EngineRows:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        self._queued: list[tuple[Settlement, asyncio.Future[bool]]] = []
+        self._flusher: asyncio.Task[None] | None = None
 
     @property
     def life(self) -> OutboxLifecycle:
@@ -61,10 +64,29 @@ class EngineRows:
     async def _settle(
         self, row: OutboxRow, state: str, now: int, code: str | None, at: int | None = None
     ) -> bool:
-        token = row.claim_token or ""
-        return await self.engine.exclusive(
-            lambda: self.life.settle(row.id, token, state, now, code, at)
-        )
+        """Queue one settlement; settlements that meet while the writer is busy are
+        committed together (group commit for the dispatcher's writes)."""
+        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._queued.append(((row.id, row.claim_token or "", state, now, code, at), fut))
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush())
+        return await fut
+
+    async def _flush(self) -> None:
+        while self._queued:
+            batch, self._queued = self._queued, []
+            items = [item for item, _ in batch]
+            try:
+                settle = functools.partial(self.life.settle_many, items)
+                results = await self.engine.exclusive(settle)
+            except Exception as exc:
+                for _, fut in batch:
+                    if not fut.done():
+                        fut.set_exception(exc)
+                continue
+            for (_, fut), ok in zip(batch, results, strict=True):
+                if not fut.done():
+                    fut.set_result(ok)
 
     async def complete(self, row: OutboxRow, now: int) -> bool:
         return await self._settle(row, states.COMPLETED, now, None)

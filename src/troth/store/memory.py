@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import itertools
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import msgspec
@@ -342,6 +342,9 @@ class MemoryOutbox:
                     row.attempts += 1
                 self._finish(row, state, now, code)
             return True
+
+    def settle_many(self, items: Sequence[rows.Settlement]) -> list[bool]:
+        return [self.settle(*item) for item in items]
 
     def unknown_rows(self, limit: int) -> list[OutboxRow]:
         with self.store.lock:

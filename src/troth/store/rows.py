@@ -7,6 +7,7 @@ its key never change; only the lifecycle columns move.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final, Protocol
 
@@ -21,6 +22,10 @@ OUTCOME_UNKNOWN: Final = "outcome_unknown"
 #: replaced (at most one pending row per key).
 SUPERSEDED: Final = "troth.dispatch.superseded"
 ROW_STATES: Final = frozenset({PENDING, DISPATCHING, COMPLETED, FAILED, OUTCOME_UNKNOWN})
+
+
+#: One settlement: (row id, claim token, new state, now, code, available_at).
+Settlement = tuple[int, str, str, int, str | None, int | None]
 
 
 @dataclass
@@ -66,6 +71,9 @@ class OutboxLifecycle(Protocol):
         code: str | None = None,
         available_at: int | None = None,
     ) -> bool: ...
+
+    def settle_many(self, items: Sequence[Settlement]) -> list[bool]:
+        """Several settlements, atomically; one answer each."""
 
     def unknown_rows(self, limit: int) -> list[OutboxRow]: ...
 

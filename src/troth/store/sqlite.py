@@ -651,19 +651,35 @@ class SqliteOutbox:
         available_at: int | None = None,
     ) -> bool:
         """Settle a row this claim (``token``) still holds; False when it does not."""
+        return self.settle_many([(row_id, token, state, now, code, available_at)])[0]
+
+    def settle_many(self, items: Sequence[rows.Settlement]) -> list[bool]:
+        """Several settlements in one transaction (one fsync for a whole sweep)."""
         with self.store.transaction() as conn:
-            held = conn.execute(_HELD, (row_id, token)).fetchone()
-            if held is None:
-                return False
-            key, attempts = held
-            if state == rows.PENDING:
-                at = available_at if available_at is not None else now
-                self._requeue(conn, row_id, key, attempts + 1, now, at, code)
-            else:
-                if state == rows.FAILED:
-                    attempts += 1
-                conn.execute(_FINISH, (state, attempts, code, _int_in(now), row_id))
-            return True
+            return [self._settle(conn, *item) for item in items]
+
+    def _settle(
+        self,
+        conn: sqlite3.Connection,
+        row_id: int,
+        token: str,
+        state: str,
+        now: int,
+        code: str | None,
+        available_at: int | None,
+    ) -> bool:
+        held = conn.execute(_HELD, (row_id, token)).fetchone()
+        if held is None:
+            return False
+        key, attempts = held
+        if state == rows.PENDING:
+            at = available_at if available_at is not None else now
+            self._requeue(conn, row_id, key, attempts + 1, now, at, code)
+        else:
+            if state == rows.FAILED:
+                attempts += 1
+            conn.execute(_FINISH, (state, attempts, code, _int_in(now), row_id))
+        return True
 
     def unknown_rows(self, limit: int) -> list[OutboxRow]:
         with self.store.lock:
