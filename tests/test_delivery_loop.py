@@ -1,0 +1,37 @@
+"""The server's delivery loop end to end (issue #3 point 3): a remote that hangs is
+``Unknown``, the periodic reconciliation re-sends an ``execute`` whose task is still
+pending at that version, and stops once the task moved on.
+"""
+
+from __future__ import annotations
+
+import time
+
+from support import running_server
+from test_transport import hook_server
+from troth.server.config import Settings
+
+
+def test_hanging_remote_is_reconciled_and_resent_until_the_task_moves_on() -> None:
+    settings = Settings(store="memory", debug=True, send_timeout=0.2, access_log=False)
+    with hook_server(delay=0.6) as hook, running_server(settings) as server:
+        target = f"http://127.0.0.1:{hook.port}/slow"
+        tags = {"resonate:target": target}
+        server.ok("promise.create", {"id": "job", "timeoutAt": 10**13, "tags": tags})
+        deadline = time.monotonic() + 10
+        while len(hook.seen) < 2:
+            assert time.monotonic() < deadline, hook.seen
+            time.sleep(0.02)
+        keys = {headers["idempotency-key"] for headers, _ in hook.seen}
+        assert keys == {"job"}
+        metrics = server.client.get("/metrics").text
+        assert 'troth_dispatch_total{outcome="unknown"}' in metrics
+        assert 'troth_outbox_reconciled_total{verdict="resent"}' in metrics
+        # The worker acquires: the next reconciliation finds the execute done.
+        server.ok("task.acquire", {"id": "job", "version": 0, "pid": "w", "ttl": 60_000})
+        time.sleep(2.5)
+        seen = len(hook.seen)
+        time.sleep(1.5)
+        assert len(hook.seen) == seen  # no more re-sends
+        rows = [r for r in server.snap()["outbox"] if r["key"] == "job"]
+        assert rows and all(r["state"] == "completed" for r in rows), rows

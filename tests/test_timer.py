@@ -1,0 +1,94 @@
+"""The deadline timer on the real clock (issue #2 point 3): it sleeps until the
+earliest stored deadline, fires with millisecond precision, and a write that arms an
+earlier deadline wakes it.  Observed through ``debug.snap`` (what is *stored*), since
+every read projects anyway.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from support import RunningServer, running_server
+from troth.server.config import Settings
+
+
+@pytest.fixture
+def clocked() -> Iterator[RunningServer]:
+    """A debug server whose timer runs on the wall clock (never paused)."""
+    with running_server(
+        Settings(store="sqlite", db=":memory:", debug=True, retry_timeout=300, access_log=False)
+    ) as server:
+        yield server
+
+
+def wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def wait_for(check: Callable[[], bool], timeout: float) -> float:
+    """Seconds until ``check()`` held; fails after ``timeout``."""
+    start = time.monotonic()
+    while not check():
+        assert time.monotonic() - start < timeout, "condition never held"
+        time.sleep(0.005)
+    return time.monotonic() - start
+
+
+def stored_state(server: RunningServer, id: str) -> str:
+    for p in server.snap()["promises"]:
+        if p["id"] == id:
+            return str(p["state"])
+    raise AssertionError(id)
+
+
+def test_deadline_fires_at_its_instant_not_before(clocked: RunningServer) -> None:
+    deadline = wall_ms() + 400
+    tags = {"resonate:external": "true"}
+    clocked.ok("promise.create", {"id": "p", "timeoutAt": deadline, "tags": tags})
+    clocked.ok("promise.register_listener", {"awaited": "p", "address": "poll://uni@g/w"})
+    assert stored_state(clocked, "p") == "pending"
+    wait_for(lambda: stored_state(clocked, "p") == "rejected_timedout", 3)
+    lag = wall_ms() - deadline
+    assert lag >= 0
+    assert lag < 250, f"fired {lag} ms late"
+    assert "p:notify:poll://uni@g/w" in {r["key"] for r in clocked.snap()["outbox"]}
+
+
+def test_an_earlier_deadline_wakes_a_sleeping_timer(clocked: RunningServer) -> None:
+    tags = {"resonate:external": "true"}
+    clocked.ok("promise.create", {"id": "late", "timeoutAt": wall_ms() + 60_000, "tags": tags})
+    time.sleep(0.1)  # the timer is now asleep until the late deadline
+    soon = wall_ms() + 200
+    clocked.ok("promise.create", {"id": "soon", "timeoutAt": soon, "tags": tags})
+    wait_for(lambda: stored_state(clocked, "soon") == "rejected_timedout", 3)
+    assert wall_ms() - soon < 250
+    assert stored_state(clocked, "late") == "pending"
+
+
+def test_retry_timeout_is_configuration(clocked: RunningServer) -> None:
+    """retry_timeout = 300 ms: a pending task nobody acquires is re-armed every 300 ms."""
+    tags = {"resonate:target": "poll://any@nobody"}
+    clocked.ok("promise.create", {"id": "t", "timeoutAt": wall_ms() + 60_000, "tags": tags})
+
+    def retry_at() -> int:
+        [task] = clocked.snap()["tasks"]
+        return int(task["retryAt"])
+
+    first = retry_at()
+    wait_for(lambda: retry_at() > first, 3)
+    second = retry_at()
+    assert second - first >= 300
+    assert second - first < 300 + 250
+
+
+def test_debug_start_pauses_the_timer(clocked: RunningServer) -> None:
+    clocked.ok("debug.start", {})
+    tags = {"resonate:external": "true"}
+    clocked.ok("promise.create", {"id": "p", "timeoutAt": wall_ms() + 100, "tags": tags})
+    time.sleep(0.4)
+    assert stored_state(clocked, "p") == "pending"
+    clocked.ok("debug.stop", {})
+    wait_for(lambda: stored_state(clocked, "p") == "rejected_timedout", 3)
