@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import math
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -32,6 +31,7 @@ from troth.outbox.types import (
 from troth.protocol.records import Execute
 from troth.server.engine import Engine
 from troth.server.metrics import Metrics
+from troth.server.waiting import wait_event
 from troth.store import rows as states
 from troth.store.rows import OutboxLifecycle, OutboxRow, Settlement
 
@@ -224,11 +224,8 @@ class DeliveryLoop:
             except Exception:
                 log.exception("delivery sweep failed; retrying in 1 s")
                 delay = 1.0
-            if delay > 0 or math.isinf(delay):
-                try:
-                    await asyncio.wait_for(self._wake.wait(), delay)
-                except TimeoutError:
-                    pass
+            if delay > 0:
+                await wait_event(self._wake, delay)
 
     async def maintain(self, now: int) -> None:
         reaped = await self.dispatcher.release_expired_claims(now)

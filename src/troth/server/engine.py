@@ -28,6 +28,7 @@ from troth.machine.core import handle, tick
 from troth.machine.internal import Config
 from troth.machine.state import Response
 from troth.protocol import requests as rq
+from troth.server.waiting import wait_event
 from troth.store.base import Job, Outcome, Overlay, Store, Writes
 from troth.store.memory import promise_deadline, task_deadline
 
@@ -277,10 +278,7 @@ class Engine:
                 deadline += 1000
             self._target = math.inf if deadline is None else deadline
             delay = None if deadline is None else max(deadline - self.clock(), 0) / 1000
-            try:
-                await asyncio.wait_for(self._wake.wait(), delay)
-            except TimeoutError:
-                pass
+            await wait_event(self._wake, delay)
 
     def _next_deadline(self) -> int | None:
         return self.store.read(lambda tx: tx.next_deadline())
