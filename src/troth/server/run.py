@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 
 from troth.machine.internal import Config
 from troth.outbox.types import DispatchConfig
@@ -22,6 +23,10 @@ from troth.store.memory import MemoryStore
 from troth.transport.http import HttpSender
 from troth.transport.poll import PollSender, Registry
 from troth.transport.router import Router
+
+
+#: Seconds a thread may hold the GIL while another waits for it.
+SWITCH_INTERVAL = 0.0005
 
 
 def open_store(settings: Settings) -> Store:
@@ -82,6 +87,10 @@ def serve(settings: Settings) -> int:
     import uvicorn
 
     configure_logging(settings)
+    # The writer thread releases the GIL around every SQLite call; with the default
+    # 5 ms switch interval, taking it back waits behind the event loop and each group
+    # commit stalls for milliseconds.  A short interval keeps the hand-offs short.
+    sys.setswitchinterval(SWITCH_INTERVAL)
     app = build_app(settings)
     log = logging.getLogger("troth")
     log.info(
