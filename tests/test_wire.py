@@ -251,7 +251,12 @@ def test_python_sdk_origin_header_line_is_served(server: RunningServer) -> None:
             + b"\r\n\r\n"
             + body
         )
-        reply = s.recv(65536)
+        reply = b""
+        while b'"corrId":"o1"' not in reply:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            reply += chunk
     assert reply.startswith(b"HTTP/1.1 200")
     assert b'"corrId":"o1"' in reply
 

@@ -23,6 +23,7 @@ from troth.protocol.records import (
     RESOLVED,
     TASK_STATES,
     Promise,
+    Schedule,
     Task,
 )
 
@@ -56,20 +57,28 @@ def check_limit(limit: int | None, default: int) -> int:
     return limit
 
 
-def page(
+def paged(
+    name: str,
     fetch: Callable[[str | None, int], list[T]],
     keep: Callable[[T], object | None],
     ident: Callable[[T], str],
-    after: str | None,
-    limit: int,
-) -> tuple[list[object], str | None]:
-    """Fill one page from id-ordered candidates, keeping those ``keep`` maps to a value."""
+    req: rq.PromiseSearch | rq.TaskSearch | rq.ScheduleSearch,
+    default_limit: int,
+) -> Response:
+    """Fill one page from id-ordered candidates, keeping those ``keep`` maps to a value;
+    the answer is ``{name: [...], "cursor"?}`` (no cursor on the last page)."""
+    try:
+        limit = check_limit(req.limit, default_limit)
+        last = decode_cursor(req.cursor)
+    except SearchError as exc:
+        return error(400, str(exc))
     out: list[object] = []
-    last: str | None = after
+    exhausted = False
     while len(out) < limit:
         batch = fetch(last, max(limit - len(out), 50))
         if not batch:
-            return out, None
+            exhausted = True
+            break
         for item in batch:
             last = ident(item)
             kept = keep(item)
@@ -77,15 +86,13 @@ def page(
                 out.append(kept)
                 if len(out) == limit:
                     break
-    return out, encode_cursor(last) if last is not None else None
+    body: dict[str, object] = {name: out}
+    if not exhausted and last is not None:
+        body["cursor"] = encode_cursor(last)
+    return Response(200, body)
 
 
 def promise_search(tx: Tx, req: rq.PromiseSearch, now: int) -> Response:
-    try:
-        limit = check_limit(req.limit, 100)
-        after = decode_cursor(req.cursor)
-    except SearchError as exc:
-        return error(400, str(exc))
     if req.state is not None and req.state not in PROMISE_STATES:
         return error(400, f"Invalid state filter: {req.state!r}")
     states: Collection[str] | None = None
@@ -99,25 +106,13 @@ def promise_search(tx: Tx, req: rq.PromiseSearch, now: int) -> Response:
             return None
         return q.record()
 
-    items, cursor = page(
-        lambda a, n: list(tx.scan_promises(states, req.tags, a, n)),
-        keep,
-        lambda p: p.id,
-        after,
-        limit,
-    )
-    body: dict[str, object] = {"promises": items}
-    if cursor is not None:
-        body["cursor"] = cursor
-    return Response(200, body)
+    def fetch(after: str | None, n: int) -> list[Promise]:
+        return tx.scan_promises(states, req.tags, after, n)
+
+    return paged("promises", fetch, keep, lambda p: p.id, req, 100)
 
 
 def task_search(tx: Tx, req: rq.TaskSearch, now: int) -> Response:
-    try:
-        limit = check_limit(req.limit, 100)
-        after = decode_cursor(req.cursor)
-    except SearchError as exc:
-        return error(400, str(exc))
     if req.state is not None and req.state not in TASK_STATES:
         return error(400, f"Invalid state filter: {req.state!r}")
     # Any stored state may read as fulfilled through a dead promise.
@@ -130,29 +125,14 @@ def task_search(tx: Tx, req: rq.TaskSearch, now: int) -> Response:
             return None
         return u.record()
 
-    items, cursor = page(
-        lambda a, n: list(tx.scan_tasks(states, a, n)), keep, lambda t: t.id, after, limit
-    )
-    body: dict[str, object] = {"tasks": items}
-    if cursor is not None:
-        body["cursor"] = cursor
-    return Response(200, body)
+    def fetch(after: str | None, n: int) -> list[Task]:
+        return tx.scan_tasks(states, after, n)
+
+    return paged("tasks", fetch, keep, lambda t: t.id, req, 100)
 
 
 def schedule_search(tx: Tx, req: rq.ScheduleSearch, now: int) -> Response:
-    try:
-        limit = check_limit(req.limit, 10)
-        after = decode_cursor(req.cursor)
-    except SearchError as exc:
-        return error(400, str(exc))
-    items, cursor = page(
-        lambda a, n: list(tx.scan_schedules(req.tags, a, n)),
-        lambda s: s,
-        lambda s: s.id,
-        after,
-        limit,
-    )
-    body: dict[str, object] = {"schedules": items}
-    if cursor is not None:
-        body["cursor"] = cursor
-    return Response(200, body)
+    def fetch(after: str | None, n: int) -> list[Schedule]:
+        return tx.scan_schedules(req.tags, after, n)
+
+    return paged("schedules", fetch, lambda s: s, lambda s: s.id, req, 10)

@@ -65,17 +65,9 @@ class PromiseRecord(msgspec.Struct, frozen=True, omit_defaults=True, rename="cam
     settled_at: int | None = None
 
 
-class Promise(msgspec.Struct, frozen=True, omit_defaults=True, rename="camel"):
+class Promise(PromiseRecord, frozen=True):
     """The stored promise: the record plus its two obligation ledgers (§2.2)."""
 
-    id: str
-    state: str
-    param: Value
-    value: Value
-    tags: Tags
-    timeout_at: int
-    created_at: int
-    settled_at: int | None = None
     callbacks: tuple[str, ...] = ()
     listeners: tuple[str, ...] = ()
 
