@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+import pg
 from troth.machine.internal import Config
 from troth.outbox import codes
 from troth.outbox.dispatcher import OutboxDispatcher
@@ -53,9 +54,19 @@ STORES: dict[str, Callable[[Path], Store]] = {
 }
 
 
-@pytest.fixture(params=sorted(STORES))
+@pytest.fixture(scope="module")
+def pg_url() -> Iterator[str]:
+    """One throwaway PostgreSQL database for the module (each test TRUNCATEs it)."""
+    with pg.throwaway_database() as url:
+        yield url
+
+
+@pytest.fixture(params=sorted([*STORES, "postgres"]))
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    s = STORES[request.param](tmp_path)
+    if request.param == "postgres":
+        s: Store = pg.fresh_store(request.getfixturevalue("pg_url"))
+    else:
+        s = STORES[request.param](tmp_path)
     yield s
     s.close()
 

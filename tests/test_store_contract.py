@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+import pg
 from troth.protocol.records import (
     Execute,
     Promise,
@@ -36,9 +37,19 @@ BIG = 2**64 + 7  # beyond SQLite's 64-bit integers; the protocol's naturals are 
 # -- helpers ---------------------------------------------------------------------------
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(scope="module")
+def pg_url() -> Iterator[str]:
+    """One throwaway PostgreSQL database for the module (each test TRUNCATEs it)."""
+    with pg.throwaway_database() as url:
+        yield url
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    s: Store = MemoryStore() if request.param == "memory" else SqliteStore(tmp_path / "t.db")
+    if request.param == "postgres":
+        s: Store = pg.fresh_store(request.getfixturevalue("pg_url"))
+    else:
+        s = MemoryStore() if request.param == "memory" else SqliteStore(tmp_path / "t.db")
     yield s
     s.close()
 

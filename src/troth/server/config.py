@@ -23,9 +23,10 @@ class ConfigError(ValueError):
 class Settings:
     host: str = "127.0.0.1"
     port: int = 8001
-    store: str = "sqlite"  # memory | sqlite
+    store: str = "sqlite"  # memory | sqlite | postgres
     db: str = "troth.db"
     synchronous: str = "full"  # full | normal (SQLite)
+    postgres_url: str = ""  # libpq URI or key=value string (store = postgres)
     debug: bool = False
     retry_timeout: int = 5000  # ms; how often a pending task re-emits its execute
     max_body: int = 10 * 1024 * 1024  # bytes; larger POST bodies get 413
@@ -39,8 +40,10 @@ class Settings:
     outbox_retention: float = 3600.0  # seconds delivered outbox rows are kept
 
     def __post_init__(self) -> None:
-        if self.store not in ("memory", "sqlite"):
-            raise ConfigError(f"store must be memory or sqlite, not {self.store!r}")
+        if self.store not in ("memory", "sqlite", "postgres"):
+            raise ConfigError(f"store must be memory, sqlite or postgres, not {self.store!r}")
+        if self.store == "postgres" and not self.postgres_url:
+            raise ConfigError("store postgres needs postgres_url (--postgres-url)")
         if self.synchronous not in ("full", "normal"):
             raise ConfigError(f"synchronous must be full or normal, not {self.synchronous!r}")
         if self.retry_timeout <= 0:

@@ -24,7 +24,6 @@ from troth.transport.http import HttpSender
 from troth.transport.poll import PollSender, Registry
 from troth.transport.router import Router
 
-
 #: Seconds a thread may hold the GIL while another waits for it.
 SWITCH_INTERVAL = 0.0005
 
@@ -32,6 +31,10 @@ SWITCH_INTERVAL = 0.0005
 def open_store(settings: Settings) -> Store:
     if settings.store == "memory":
         return MemoryStore()
+    if settings.store == "postgres":
+        from troth.store.postgres import PostgresStore
+
+        return PostgresStore(settings.postgres_url)
     from troth.store.sqlite import SqliteStore
 
     return SqliteStore(settings.db, synchronous=settings.synchronous)

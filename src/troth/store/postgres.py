@@ -1,0 +1,1208 @@
+"""The PostgreSQL backend: several troth nodes may share one database.
+
+It answers exactly as :class:`~troth.store.memory.MemoryBackend` and the SQLite
+backend do (same queries, same ``snapshot()``); what it adds is correctness when
+other processes write the same rows at the same time.  How, and why:
+
+* **One transaction per group-commit batch**, READ COMMITTED, on one connection
+  owned by the store (the engine calls the store from its single writer thread,
+  under :attr:`Store.lock`).
+* **Point reads lock what they read.**  ``get_promise``, ``get_task`` and
+  ``get_schedule`` are ``SELECT … FOR UPDATE``, so a row a batch has read stays as
+  read until the batch commits, and every answer is computed from rows nobody else
+  can change meanwhile.  ``get_task`` locks the task's promise (same id) first: the
+  machine reads a task and its promise in either order (``task.acquire`` task
+  first, ``promise.settle`` promise first), and one fixed order per id removes the
+  commonest deadlock between two nodes.
+* **Absent rows lock nothing**; instead the backend remembers which ids it read as
+  absent.  Writing such an id is a plain ``INSERT``, so if another node created it
+  meanwhile the insert fails with a unique violation; reading it again and finding
+  it means the same.  Either way this batch's view is stale.
+* **Writes** go per table in sorted id order (the outbox in emission order, since
+  row ids are handed out in that order and decide delivery order), in one pipeline.
+  Outbox rows never need an order of their own: a job writes a message only for a
+  task or promise whose row it already holds.
+* **Stale view, deadlock or lock timeout: run the batch again.**  The machine is
+  pure (a job's effect depends only on what it read), so a batch that meets
+  SQLSTATE 40001, 40P01, 23505 or 55P03, a lost connection before COMMIT, or a
+  phantom, is rolled back and re-run whole from fresh overlays, after a short
+  jittered backoff, up to :data:`MAX_ATTEMPTS` times.  No job ever sees those
+  errors; only a batch that loses every attempt fails (:class:`StoreBusy`, 500).
+  A failed COMMIT is never retried: it may have happened.
+* **Lock order.**  Which rows a batch touches is known only once its jobs ran
+  (a settle reaches the awaiters in its callbacks), so a first attempt locks in the
+  machine's order; two nodes' batches over the same ids can then deadlock.  A first
+  attempt therefore waits at most :data:`LOCK_TIMEOUT` for a lock (PostgreSQL's own
+  ``deadlock_timeout`` is 1 s and only a superuser may lower it), and a re-run
+  first locks every row the earlier attempts touched, per table in sorted id order,
+  without a timeout: re-runs never deadlock one another on those rows, so a
+  contended batch gets through after one or two re-runs instead of losing again.
+* **No savepoint per job.**  Each savepoint with writes is a subtransaction, and
+  more than 64 in one transaction overflow PostgreSQL's per-backend subxid cache,
+  which slows every snapshot on the server.  Group commit's isolation (a failing
+  job is discarded alone) comes from re-running instead: a job whose reads or
+  writes fail with any other database error is set aside with that error and the
+  batch is run again without it.  That costs a re-run only when it happens.
+* **Timer and delivery work is shared, not duplicated**: due lists and outbox
+  claims are ``FOR UPDATE SKIP LOCKED``, so two nodes never fire the same deadline
+  or claim the same row at once, and neither waits for the other.
+* **Integers**: instants, versions and ttls are ``NUMERIC`` (exact, unbounded,
+  numerically ordered), so the protocol's naturals beyond 2**63 round-trip exactly,
+  as in memory.py, rather than being refused.
+* **Text**: PostgreSQL text cannot hold U+0000.  :meth:`PostgresBackend.apply`
+  refuses such an id, tag, address or key with :class:`Unstorable` before writing
+  anything (the job fails alone); reads of such ids find nothing, and filters
+  containing it match nothing, which is what the stored data says.
+
+What is not prevented: write skew across two absent rows (batch A reads X absent
+and creates Y while batch B reads Y absent and creates X).  No handler does that
+today: an absent read either ends the request with an error and no writes, or is
+followed by creating that very row.  ``SERIALIZABLE`` or advisory locks on absent
+ids would close it, at a price every request pays.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import random
+import re
+import time
+from collections.abc import Callable, Collection, Sequence
+from importlib import resources
+from typing import Any, Final, TypeVar
+
+import msgspec
+import psycopg
+from psycopg.abc import Buffer
+from psycopg.adapt import Loader
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.pq import TransactionStatus
+
+from troth.protocol.records import (
+    PENDING,
+    TAG_BRANCH,
+    Execute,
+    OutboxEntry,
+    Promise,
+    PromiseRecord,
+    Schedule,
+    Tags,
+    Task,
+    Unblock,
+    Value,
+)
+from troth.store import rows
+from troth.store.base import (
+    Backend,
+    Job,
+    Outcome,
+    Overlay,
+    Store,
+    StoreUnavailable,
+    Writes,
+)
+from troth.store.memory import snap_promise, snap_row, snap_task
+from troth.store.migrate import Migration, SchemaError, SchemaTooNew
+from troth.store.rows import OutboxRow
+
+__all__ = ["PostgresBackend", "PostgresOutbox", "PostgresStore", "StoreBusy", "Unstorable"]
+
+log = logging.getLogger("troth.store.postgres")
+T = TypeVar("T")
+
+Conn = psycopg.Connection[tuple[Any, ...]]
+Cur = psycopg.Cursor[tuple[Any, ...]]
+
+#: Attempts of one batch (or one outbox transaction) before it fails.
+MAX_ATTEMPTS: Final = 10
+#: Ceiling of the jittered backoff between attempts, in seconds.
+MAX_BACKOFF: Final = 0.05
+#: How long a first attempt waits for a row lock before it gives up and re-runs
+#: (``lock_timeout``): a deadlock ends this fast instead of after the server's
+#: ``deadlock_timeout`` (1 s by default, and only a superuser may lower it).
+LOCK_TIMEOUT: Final = 0.05
+
+#: SQLSTATEs after which re-running the whole transaction is the answer:
+#: serialization failure, deadlock, unique violation (a row this batch read as
+#: absent was created by someone else), lock not available (a ``lock_timeout``).
+_RETRY_SQLSTATES: Final = frozenset({"40001", "40P01", "23505", "55P03"})
+
+_NUL: Final = "\x00"
+
+
+class StoreBusy(StoreUnavailable):
+    """A batch lost every attempt to concurrent transactions (the jobs get 500)."""
+
+
+class Phantom(Exception):
+    """A row this transaction read as absent exists now: its view is stale."""
+
+
+class Unstorable(ValueError):
+    """A value PostgreSQL cannot store; raised before any statement of the job is sent."""
+
+
+# -- encoding ---------------------------------------------------------------------------
+
+_encode = msgspec.json.Encoder().encode
+_decode_value = msgspec.json.Decoder(Value).decode
+_decode_tags = msgspec.json.Decoder(dict[str, str]).decode
+_decode_strs = msgspec.json.Decoder(tuple[str, ...]).decode
+_decode_record = msgspec.json.Decoder(PromiseRecord).decode
+
+
+def _json(obj: Any) -> str:
+    """msgspec JSON as text: the same bytes SQLite stores, so reads decode alike."""
+    return _encode(obj).decode()
+
+
+class _IntLoader(Loader):
+    """NUMERIC columns hold integers only; load them as ``int``, not ``Decimal``."""
+
+    def load(self, data: Buffer) -> int:
+        return int(bytes(data))
+
+
+def _refuse_nul(writes: Writes) -> None:
+    """Raise before anything is sent if a value PostgreSQL text cannot hold is written.
+
+    Only text the server stores or parses as such counts: ids, states, tag keys and
+    values (searched through ``jsonb``), addresses, keys.  Other JSON columns are
+    msgspec text, where U+0000 is escaped.
+    """
+    texts: list[str] = []
+    for p in writes.promises.values():
+        texts += (p.id, p.state, *p.tags, *p.tags.values())
+    for t in writes.tasks.values():
+        texts += (t.id, t.state, t.pid or "")
+    for id, s in writes.schedules.items():
+        texts.append(id)
+        if s is not None:
+            texts += (s.cron, s.promise_id, *s.promise_tags, *s.promise_tags.values())
+    for key, entry in writes.messages.items():
+        texts += (key, entry.address)
+        if isinstance(entry.message, Execute):
+            texts.append(entry.message.task_id)
+    for text in texts:
+        if _NUL in text:
+            raise Unstorable(f"PostgreSQL text cannot hold U+0000: refusing to store {text!r}")
+
+
+# -- statements -----------------------------------------------------------------------------
+
+_PROMISE_COLS: Final = (
+    "id, state, param, value, tags, timeout_at, created_at, settled_at, callbacks, listeners"
+)
+_TASK_COLS: Final = "id, state, version, ttl, pid, expires_at, retry_at, resumes"
+_SCHEDULE_COLS: Final = (
+    "id, cron, promise_id, promise_timeout, promise_param, promise_tags, created_at, "
+    "next_run_at, last_run_at"
+)
+_OUTBOX_COLUMNS: Final = (
+    "id",
+    "address",
+    "kind",
+    "task_id",
+    "version",
+    "promise",
+    "created_at",
+    "state",
+    "attempts",
+    "available_at",
+    "claim_token",
+    "claimed_by",
+    "claimed_at",
+    "last_code",
+    "updated_at",
+)
+_OUTBOX_COLS: Final = ", ".join(_OUTBOX_COLUMNS)
+
+_GET_PROMISE: Final = f"SELECT {_PROMISE_COLS} FROM promises WHERE id = %s FOR UPDATE"
+# The uncorrelated sub-select runs once, as a one-time filter before the task is
+# scanned, so the promise is locked before the task (see the module docstring).
+_GET_TASK: Final = (
+    f"SELECT {_TASK_COLS} FROM tasks WHERE id = %(id)s"
+    " AND (SELECT count(*) FROM (SELECT 1 FROM promises WHERE id = %(id)s FOR UPDATE) AS p) >= 0"
+    " FOR UPDATE OF tasks"
+)
+_GET_SCHEDULE: Final = f"SELECT {_SCHEDULE_COLS} FROM schedules WHERE id = %s FOR UPDATE"
+
+_INSERT_PROMISE: Final = (
+    "INSERT INTO promises (id, state, param, value, tags, timeout_at, created_at, settled_at,"
+    " callbacks, listeners, external, branch, undrained)"
+    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+)
+_UPSERT_PROMISE: Final = (
+    f"{_INSERT_PROMISE} ON CONFLICT (id) DO UPDATE SET state = excluded.state,"
+    " param = excluded.param, value = excluded.value, tags = excluded.tags,"
+    " timeout_at = excluded.timeout_at, created_at = excluded.created_at,"
+    " settled_at = excluded.settled_at, callbacks = excluded.callbacks,"
+    " listeners = excluded.listeners, external = excluded.external,"
+    " branch = excluded.branch, undrained = excluded.undrained"
+)
+_INSERT_TASK: Final = (
+    "INSERT INTO tasks (id, state, version, ttl, pid, expires_at, retry_at, resumes)"
+    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
+)
+_UPSERT_TASK: Final = (
+    f"{_INSERT_TASK} ON CONFLICT (id) DO UPDATE SET state = excluded.state,"
+    " version = excluded.version, ttl = excluded.ttl, pid = excluded.pid,"
+    " expires_at = excluded.expires_at, retry_at = excluded.retry_at,"
+    " resumes = excluded.resumes"
+)
+_INSERT_SCHEDULE: Final = (
+    "INSERT INTO schedules (id, cron, promise_id, promise_timeout, promise_param,"
+    " promise_tags, created_at, next_run_at, last_run_at)"
+    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
+)
+_UPSERT_SCHEDULE: Final = (
+    f"{_INSERT_SCHEDULE} ON CONFLICT (id) DO UPDATE SET cron = excluded.cron,"
+    " promise_id = excluded.promise_id, promise_timeout = excluded.promise_timeout,"
+    " promise_param = excluded.promise_param, promise_tags = excluded.promise_tags,"
+    " created_at = excluded.created_at, next_run_at = excluded.next_run_at,"
+    " last_run_at = excluded.last_run_at"
+)
+_DELETE_SCHEDULE: Final = "DELETE FROM schedules WHERE id = %s"
+# The keyed upsert of the *pending* row: a new message replaces it as a fresh row
+# (a new id from the sequence, so it goes to the back of the queue; every lifecycle
+# column reset), which is memory.py's delete-then-insert in one statement.  Rows of
+# the key in other states are not the arbiter's, so a claimed row is never touched.
+_UPSERT_MESSAGE: Final = (
+    "INSERT INTO outbox (key, address, kind, task_id, version, promise, created_at,"
+    " state, attempts, available_at, updated_at)"
+    " VALUES (%(key)s, %(address)s, %(kind)s, %(task_id)s, %(version)s, %(promise)s,"
+    " %(now)s, 'pending', 0, %(now)s, %(now)s)"
+    " ON CONFLICT (key) WHERE state = 'pending' DO UPDATE SET id = excluded.id,"
+    " address = excluded.address, kind = excluded.kind, task_id = excluded.task_id,"
+    " version = excluded.version, promise = excluded.promise,"
+    " created_at = excluded.created_at, attempts = 0, available_at = excluded.available_at,"
+    " claim_token = NULL, claimed_by = NULL, claimed_at = NULL, last_code = NULL,"
+    " updated_at = excluded.updated_at"
+)
+
+_BRANCH: Final = f"SELECT {_PROMISE_COLS} FROM promises WHERE branch = %s ORDER BY id LIMIT %s"
+_DUE_PROMISES: Final = (
+    "SELECT id FROM promises WHERE state = 'pending' AND external AND timeout_at <= %s"
+    " ORDER BY timeout_at, id LIMIT %s FOR UPDATE SKIP LOCKED"
+)
+# A task is either pending or acquired, so its one live deadline is a CASE; one
+# query (not SQLite's UNION ALL, which cannot take FOR UPDATE) keeps the LIMIT exact.
+_DUE_TASKS: Final = (
+    "SELECT id FROM tasks"
+    " WHERE (state = 'pending' AND retry_at <= %(now)s)"
+    " OR (state = 'acquired' AND expires_at <= %(now)s)"
+    " ORDER BY CASE WHEN state = 'pending' THEN retry_at ELSE expires_at END, id"
+    " LIMIT %(limit)s FOR UPDATE SKIP LOCKED"
+)
+_DUE_SCHEDULES: Final = (
+    "SELECT id FROM schedules WHERE next_run_at <= %s ORDER BY next_run_at, id LIMIT %s"
+    " FOR UPDATE SKIP LOCKED"
+)
+_UNDRAINED: Final = (
+    "SELECT id FROM promises WHERE undrained ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED"
+)
+_NEXT_DEADLINE: Final = (
+    "SELECT EXISTS (SELECT 1 FROM promises WHERE undrained),"
+    " (SELECT min(timeout_at) FROM promises WHERE state = 'pending' AND external),"
+    " (SELECT min(retry_at) FROM tasks WHERE state = 'pending'),"
+    " (SELECT min(expires_at) FROM tasks WHERE state = 'acquired'),"
+    " (SELECT min(next_run_at) FROM schedules)"
+)
+
+# Outbox lifecycle (PostgresOutbox), mirroring memory.py's MemoryOutbox.
+_SELECT_OUTBOX: Final = f"SELECT {_OUTBOX_COLS} FROM outbox"
+# MATERIALIZED: the locked id list is computed once, so the UPDATE can never see
+# more rows than the LIMIT took (an inlined IN-subquery may be re-scanned).
+_CLAIM: Final = (
+    "WITH due AS MATERIALIZED (SELECT id FROM outbox"
+    " WHERE state = 'pending' AND available_at <= %(now)s"
+    " ORDER BY available_at, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED)"
+    " UPDATE outbox AS o SET state = 'dispatching', claim_token = %(token)s,"
+    " claimed_by = %(worker)s, claimed_at = %(now)s, updated_at = %(now)s"
+    " FROM due WHERE o.id = due.id"
+    f" RETURNING {', '.join(f'o.{c}' for c in _OUTBOX_COLUMNS)}"
+)
+# FOR UPDATE: a concurrent reaper or settlement must not slip between the check and
+# the update (READ COMMITTED re-checks the WHERE on the row it finally locks).
+_HELD: Final = (
+    "SELECT key, attempts FROM outbox WHERE id = %s AND state = 'dispatching'"
+    " AND claim_token = %s FOR UPDATE"
+)
+_IN_STATE: Final = "SELECT key, attempts FROM outbox WHERE id = %s AND state = %s FOR UPDATE"
+_HAS_PENDING: Final = "SELECT 1 FROM outbox WHERE key = %s AND state = 'pending'"
+_FINISH: Final = (
+    "UPDATE outbox SET state = %s, attempts = %s, claim_token = NULL, last_code = %s,"
+    " updated_at = %s WHERE id = %s"
+)
+_REQUEUE: Final = (
+    "UPDATE outbox SET state = 'pending', attempts = %s, claim_token = NULL, last_code = %s,"
+    " updated_at = %s, available_at = %s WHERE id = %s"
+)
+_UNKNOWN_ROWS: Final = f"{_SELECT_OUTBOX} WHERE state = 'outcome_unknown' ORDER BY id LIMIT %s"
+_RELEASE_EXPIRED: Final = (
+    "UPDATE outbox SET state = 'outcome_unknown', claim_token = NULL, last_code = %s,"
+    " updated_at = %s WHERE state = 'dispatching' AND coalesce(claimed_at, 0) < %s"
+)
+_PURGE_COMPLETED: Final = "DELETE FROM outbox WHERE state = 'completed' AND updated_at < %s"
+_NEXT_DUE: Final = "SELECT min(available_at) FROM outbox WHERE state = 'pending'"
+
+_RESET: Final = "TRUNCATE promises, tasks, schedules, outbox RESTART IDENTITY"
+
+#: The tables whose rows a batch locks, in the order a re-run locks them.
+_TABLES: Final = ("promises", "tasks", "schedules")
+Touched = dict[str, set[str]]
+# ORDER BY before FOR UPDATE: rows are locked in sorted id order.
+_PRELOCK: Final = {
+    table: f"SELECT id FROM {table} WHERE id = ANY(%s) ORDER BY id FOR UPDATE" for table in _TABLES
+}
+
+
+def _scan_sql(
+    table: str, columns: str, states: bool, tags_column: str | None, tags: bool, after: bool
+) -> str:
+    where: list[str] = []
+    if after:
+        where.append("id > %(after)s")
+    if states:
+        where.append("state = ANY(%(states)s)")
+    if tags_column is not None and tags:
+        # jsonb containment of a flat string map is "every pair is present"; any key
+        # works (quotes, dots, colons), as with SQLite's json_each.
+        where.append(f"{tags_column}::jsonb @> %(tags)s::jsonb")
+    clause = f" WHERE {' AND '.join(where)}" if where else ""
+    return f"SELECT {columns} FROM {table}{clause} ORDER BY id LIMIT %(limit)s"
+
+
+@functools.cache
+def _scan(table: str, states: bool, tags: bool, after: bool) -> str:
+    if table == "promises":
+        return _scan_sql(table, _PROMISE_COLS, states, "tags", tags, after)
+    if table == "tasks":
+        return _scan_sql(table, _TASK_COLS, states, None, False, after)
+    return _scan_sql(table, _SCHEDULE_COLS, False, "promise_tags", tags, after)
+
+
+def _after(after: str | None) -> str | None:
+    """``id > after`` for stored ids, which never contain U+0000.
+
+    For such an id, ``id > a + NUL + rest`` holds exactly when ``id > a``, so the
+    cursor is cut at its first NUL (PostgreSQL cannot even receive one).
+    """
+    return None if after is None else after.split(_NUL, 1)[0]
+
+
+def _tags_filter(tags: Tags) -> str | None:
+    """The jsonb filter text, or None when no stored row can match (a NUL in it)."""
+    if any(_NUL in k or _NUL in v for k, v in tags.items()):
+        return None
+    return _json(tags)
+
+
+# -- rows <-> records ------------------------------------------------------------------------
+
+
+def _promise_row(p: Promise) -> tuple[Any, ...]:
+    return (
+        p.id,
+        p.state,
+        _json(p.param),
+        _json(p.value),
+        _json(p.tags),
+        p.timeout_at,
+        p.created_at,
+        p.settled_at,
+        _json(p.callbacks),
+        _json(p.listeners),
+        p.external,
+        p.tags.get(TAG_BRANCH) or None,
+        p.state != PENDING and bool(p.callbacks or p.listeners),
+    )
+
+
+def _promise(r: Sequence[Any]) -> Promise:
+    return Promise(
+        r[0],
+        r[1],
+        _decode_value(r[2]),
+        _decode_value(r[3]),
+        _decode_tags(r[4]),
+        r[5],
+        r[6],
+        r[7],
+        _decode_strs(r[8]),
+        _decode_strs(r[9]),
+    )
+
+
+def _task_row(t: Task) -> tuple[Any, ...]:
+    return (t.id, t.state, t.version, t.ttl, t.pid, t.expires_at, t.retry_at, _json(t.resumes))
+
+
+def _task(r: Sequence[Any]) -> Task:
+    return Task(r[0], r[1], r[2], r[3], r[4], r[5], r[6], _decode_strs(r[7]))
+
+
+def _schedule_row(s: Schedule) -> tuple[Any, ...]:
+    return (
+        s.id,
+        s.cron,
+        s.promise_id,
+        s.promise_timeout,
+        _json(s.promise_param),
+        _json(s.promise_tags),
+        s.created_at,
+        s.next_run_at,
+        s.last_run_at,
+    )
+
+
+def _schedule(r: Sequence[Any]) -> Schedule:
+    return Schedule(
+        r[0], r[1], r[2], r[3], _decode_value(r[4]), _decode_tags(r[5]), r[6], r[7], r[8]
+    )
+
+
+def _message_row(key: str, entry: OutboxEntry, now: int) -> dict[str, Any]:
+    m = entry.message
+    if isinstance(m, Execute):
+        kind, task_id, version, promise = "execute", m.task_id, m.version, None
+    else:
+        kind, task_id, version, promise = "unblock", None, None, _json(m.promise)
+    return {
+        "key": key,
+        "address": entry.address,
+        "kind": kind,
+        "task_id": task_id,
+        "version": version,
+        "promise": promise,
+        "now": now,
+    }
+
+
+def _outbox_row(r: Sequence[Any]) -> OutboxRow:
+    """A stored outbox row (columns in ``_OUTBOX_COLUMNS`` order) as an OutboxRow."""
+    if r[2] == "execute":
+        message: Execute | Unblock = Execute(r[3], r[4])
+    else:
+        message = Unblock(_decode_record(r[5]))
+    return OutboxRow(
+        id=r[0],
+        entry=OutboxEntry(r[1], message),
+        created_at=r[6],
+        state=r[7],
+        attempts=r[8],
+        available_at=r[9],
+        claim_token=r[10],
+        claimed_by=r[11],
+        claimed_at=r[12],
+        last_code=r[13],
+        updated_at=r[14],
+    )
+
+
+def _pipelined(cur: Cur, statements: Sequence[tuple[str, Any]]) -> None:
+    """Execute in one round trip; raise the first statement error, as is.
+
+    psycopg may report a failed statement while later ones are still being queued;
+    raised inside the ``pipeline()`` block, that makes its exit log a warning
+    (``error ignored terminating``) on a path that is routine here (a conflict that
+    re-runs the batch).  So the error is held until the pipeline is closed.
+    """
+    first: psycopg.Error | None = None
+    try:
+        with cur.connection.pipeline():
+            try:
+                for sql, params in statements:
+                    cur.execute(sql, params)
+            except psycopg.Error as exc:
+                first = exc
+    except psycopg.Error as exc:
+        first = first or exc
+    if first is not None:
+        raise first
+
+
+# -- the backend -----------------------------------------------------------------------------
+
+
+class PostgresBackend(Backend):
+    """Reads and writes of one transaction; :meth:`PostgresStore.begin` makes a new one.
+
+    ``seen_*`` maps every id a point read looked up to whether it was there (and
+    is now locked).  ``False`` is a promise this transaction relies on: the row
+    must not appear (see the module docstring).
+    """
+
+    def __init__(self, cur: Cur) -> None:
+        self.cur = cur
+        self.seen_promises: dict[str, bool] = {}
+        self.seen_tasks: dict[str, bool] = {}
+        self.seen_schedules: dict[str, bool] = {}
+        #: Every id this transaction looked up or wrote, per table, found or not: what
+        #: a re-run locks up front (including the row a failed statement waited for).
+        self.touched: Touched = {table: set() for table in _TABLES}
+
+    @staticmethod
+    def _seen(seen: dict[str, bool], kind: str, id: str, found: bool) -> None:
+        if found and seen.get(id) is False:
+            raise Phantom(f"{kind} {id!r} appeared after this transaction read it as absent")
+        seen[id] = found
+
+    # -- reads ------------------------------------------------------------------------
+
+    def get_promise(self, id: str) -> Promise | None:
+        if _NUL in id:
+            return None
+        self.touched["promises"].add(id)
+        r = self.cur.execute(_GET_PROMISE, (id,)).fetchone()
+        self._seen(self.seen_promises, "promise", id, r is not None)
+        return None if r is None else _promise(r)
+
+    def get_task(self, id: str) -> Task | None:
+        if _NUL in id:
+            return None
+        self.touched["promises"].add(id)
+        self.touched["tasks"].add(id)
+        r = self.cur.execute(_GET_TASK, {"id": id}).fetchone()
+        self._seen(self.seen_tasks, "task", id, r is not None)
+        return None if r is None else _task(r)
+
+    def get_schedule(self, id: str) -> Schedule | None:
+        if _NUL in id:
+            return None
+        self.touched["schedules"].add(id)
+        r = self.cur.execute(_GET_SCHEDULE, (id,)).fetchone()
+        self._seen(self.seen_schedules, "schedule", id, r is not None)
+        return None if r is None else _schedule(r)
+
+    def _scan_rows(
+        self,
+        table: str,
+        states: Collection[str] | None,
+        tags: Tags,
+        after: str | None,
+        limit: int,
+    ) -> list[tuple[Any, ...]] | None:
+        """Rows of one scan; None when no stored row can match the filter."""
+        params: dict[str, Any] = {"limit": limit, "after": _after(after)}
+        if states is not None:
+            params["states"] = [s for s in states if _NUL not in s]
+            if not params["states"]:
+                return None
+        if tags:
+            params["tags"] = _tags_filter(tags)
+            if params["tags"] is None:
+                return None
+        sql = _scan(table, states is not None, bool(tags), after is not None)
+        return self.cur.execute(sql, params).fetchall()
+
+    def scan_promises(
+        self, states: Collection[str] | None, tags: Tags, after: str | None, limit: int
+    ) -> list[Promise]:
+        found = self._scan_rows("promises", states, tags, after, limit)
+        return [] if found is None else [_promise(r) for r in found]
+
+    def scan_tasks(
+        self, states: Collection[str] | None, after: str | None, limit: int
+    ) -> list[Task]:
+        found = self._scan_rows("tasks", states, {}, after, limit)
+        return [] if found is None else [_task(r) for r in found]
+
+    def scan_schedules(self, tags: Tags, after: str | None, limit: int) -> list[Schedule]:
+        found = self._scan_rows("schedules", None, tags, after, limit)
+        return [] if found is None else [_schedule(r) for r in found]
+
+    def promises_in_branch(self, branch: str, limit: int) -> list[Promise]:
+        if not branch or _NUL in branch:
+            return []  # the empty branch is never indexed (memory.py: ``if branch:``)
+        return [_promise(r) for r in self.cur.execute(_BRANCH, (branch, limit))]
+
+    # -- deadlines (SKIP LOCKED: another node is already firing those) -----------------
+
+    def _ids(self, sql: str, params: Any) -> list[str]:
+        return [r[0] for r in self.cur.execute(sql, params)]
+
+    def due_promises(self, now: int, limit: int) -> list[str]:
+        return self._ids(_DUE_PROMISES, (now, limit))
+
+    def due_tasks(self, now: int, limit: int) -> list[str]:
+        return self._ids(_DUE_TASKS, {"now": now, "limit": limit})
+
+    def due_schedules(self, now: int, limit: int) -> list[str]:
+        return self._ids(_DUE_SCHEDULES, (now, limit))
+
+    def undrained_promises(self, limit: int) -> list[str]:
+        return self._ids(_UNDRAINED, (limit,))
+
+    def next_deadline(self) -> int | None:
+        row = self.cur.execute(_NEXT_DEADLINE).fetchone()
+        assert row is not None
+        undrained, *armed = row
+        candidates: list[int] = [d for d in armed if d is not None]
+        if undrained:
+            candidates.append(0)
+        return min(candidates) if candidates else None
+
+    # -- writes -------------------------------------------------------------------------
+
+    def apply(self, writes: Writes, now: int) -> None:
+        """Write one job's effects, all statements in one round trip.
+
+        A row this transaction read as absent is INSERTed (a unique violation means
+        another node created it: the batch re-runs); any other row is upserted.
+        """
+        _refuse_nul(writes)
+        self.touched["promises"].update(writes.promises)
+        self.touched["tasks"].update(writes.tasks)
+        self.touched["schedules"].update(writes.schedules)
+        statements: list[tuple[str, Any]] = []
+        seen_p, seen_t, seen_s = self.seen_promises, self.seen_tasks, self.seen_schedules
+        for id in sorted(writes.promises):
+            sql = _INSERT_PROMISE if seen_p.get(id) is False else _UPSERT_PROMISE
+            statements.append((sql, _promise_row(writes.promises[id])))
+        for id in sorted(writes.tasks):
+            sql = _INSERT_TASK if seen_t.get(id) is False else _UPSERT_TASK
+            statements.append((sql, _task_row(writes.tasks[id])))
+        for id in sorted(writes.schedules):
+            s = writes.schedules[id]
+            if s is None:
+                statements.append((_DELETE_SCHEDULE, (id,)))
+            else:
+                sql = _INSERT_SCHEDULE if seen_s.get(id) is False else _UPSERT_SCHEDULE
+                statements.append((sql, _schedule_row(s)))
+        for key, entry in writes.messages.items():
+            statements.append((_UPSERT_MESSAGE, _message_row(key, entry, now)))
+        if len(statements) == 1:
+            self.cur.execute(*statements[0])
+        else:
+            _pipelined(self.cur, statements)
+        # Only now (nothing failed) do the written rows count as this transaction's.
+        for id in writes.promises:
+            seen_p[id] = True
+        for id in writes.tasks:
+            seen_t[id] = True
+        for id, s in writes.schedules.items():
+            seen_s[id] = s is not None
+
+    # -- whole-store reads -----------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        """Everything, in memory.py's ``snapshot()`` format (built from the same Structs)."""
+        q = self.cur.execute
+        return {
+            "promises": [
+                snap_promise(_promise(r))
+                for r in q(f"SELECT {_PROMISE_COLS} FROM promises ORDER BY id").fetchall()
+            ],
+            "tasks": [
+                snap_task(_task(r))
+                for r in q(f"SELECT {_TASK_COLS} FROM tasks ORDER BY id").fetchall()
+            ],
+            "schedules": [
+                msgspec.to_builtins(_schedule(r))
+                for r in q(f"SELECT {_SCHEDULE_COLS} FROM schedules ORDER BY id").fetchall()
+            ],
+            "outbox": [
+                snap_row(_outbox_row(r)) for r in q(f"{_SELECT_OUTBOX} ORDER BY id").fetchall()
+            ],
+        }
+
+
+# -- migrations -------------------------------------------------------------------------------
+
+_FILE_NAME: Final = re.compile(r"^(\d{3})_([a-z0-9_]+)\.sql$")
+#: ``pg_advisory_xact_lock`` key that serialises migrations across nodes ("troth").
+_MIGRATION_LOCK: Final = 0x74726F7468
+_CREATE_VERSION_TABLE: Final = (
+    "CREATE TABLE IF NOT EXISTS schema_version ("
+    "version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at BIGINT NOT NULL)"
+)
+
+
+@functools.cache
+def migrations() -> tuple[Migration, ...]:
+    """Every ``pgsql/NNN_name.sql`` shipped with the package, in version order.
+
+    Versions must run 1..N without gaps, as for SQLite (a gap is a missing file).
+    """
+    found: list[Migration] = []
+    for entry in resources.files("troth.store").joinpath("pgsql").iterdir():
+        match = _FILE_NAME.match(entry.name)
+        if match is not None:
+            found.append(Migration(int(match[1]), match[2], entry.read_text(encoding="utf-8")))
+    found.sort(key=lambda m: m.version)
+    versions = [m.version for m in found]
+    if versions != list(range(1, len(found) + 1)):
+        raise SchemaError(f"migrations must be numbered 1..N without gaps, found {versions}")
+    return tuple(found)
+
+
+def latest_version() -> int:
+    return len(migrations())
+
+
+def stored_version(cur: Cur) -> int:
+    """The database's schema version; 0 when it has none (a fresh database)."""
+    exists = cur.execute("SELECT to_regclass('schema_version') IS NOT NULL").fetchone()
+    if exists is None or not exists[0]:
+        return 0
+    row = cur.execute("SELECT max(version) FROM schema_version").fetchone()
+    return int(row[0]) if row is not None and row[0] is not None else 0
+
+
+def check_version(cur: Cur) -> int:
+    found = stored_version(cur)
+    if found > latest_version():
+        raise SchemaTooNew(found, latest_version())
+    return found
+
+
+def migrate(conn: Conn) -> int:
+    """Bring the schema up to date; return the version.  Safe with concurrent nodes.
+
+    A newer schema is refused before anything is written.  Each migration runs in
+    its own transaction holding a transaction-level advisory lock, and re-reads the
+    version under it: a node that started at the same time waits, then finds the
+    work done.  (The lock comes first because even ``CREATE TABLE IF NOT EXISTS``
+    fails when two sessions race on it.)  DDL is transactional here, so a failing
+    migration leaves the previous version behind.
+    """
+    cur = conn.cursor()
+    try:
+        found = check_version(cur)
+        conn.rollback()
+        for migration in migrations():
+            if found >= migration.version:
+                continue
+            # Waiting for another node's migration is expected: no lock_timeout here.
+            cur.execute("SET LOCAL lock_timeout = 0")
+            cur.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+            cur.execute(_CREATE_VERSION_TABLE)
+            found = check_version(cur)
+            if found < migration.version:
+                cur.execute(migration.sql, prepare=False)
+                cur.execute(
+                    "INSERT INTO schema_version (version, name, applied_at) VALUES (%s, %s, %s)",
+                    (migration.version, migration.name, time.time_ns() // 1_000_000),
+                )
+                found = migration.version
+            conn.commit()
+        return found
+    except BaseException:
+        conn.rollback()
+        raise
+    finally:
+        cur.close()
+
+
+# -- the store ---------------------------------------------------------------------------------
+
+
+class PostgresStore(Store):
+    """A PostgreSQL database shared by any number of troth processes.
+
+    ``url`` is a libpq connection string or URI.  The schema is created or
+    upgraded on open (see :func:`migrate`).
+    """
+
+    name = "postgres"
+
+    def __init__(
+        self, url: str, *, max_attempts: int = MAX_ATTEMPTS, lock_timeout: float = LOCK_TIMEOUT
+    ) -> None:
+        super().__init__()
+        if max_attempts < 1:
+            raise ValueError("max_attempts must be >= 1")
+        if lock_timeout <= 0:
+            raise ValueError("lock_timeout must be > 0 (seconds)")
+        self.url = url
+        self.max_attempts = max_attempts
+        self.lock_timeout = lock_timeout
+        #: Whole-batch re-runs after a conflict, and after a job was set aside.
+        self.retries = 0
+        self.reruns = 0
+        self.conn = self._connect()
+        try:
+            migrate(self.conn)
+        except BaseException:
+            self.conn.close()
+            raise
+        self.cur: Cur = self.conn.cursor()
+        self.backend = PostgresBackend(self.cur)
+        self.outbox = PostgresOutbox(self)
+
+    def _connect(self) -> Conn:
+        params = conninfo_to_dict(self.url)
+        params.setdefault("connect_timeout", 10)
+        params.setdefault("application_name", "troth")
+        conn = psycopg.connect(make_conninfo("", **params), autocommit=False)
+        try:
+            conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
+            conn.adapters.register_loader("numeric", _IntLoader)
+            # A session setting (it outlives the transaction that SET it).
+            conn.execute(f"SET lock_timeout = {round(self.lock_timeout * 1000)}")
+            conn.commit()
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    # -- transactions --------------------------------------------------------------------
+
+    def begin(self) -> PostgresBackend:
+        """Start a transaction (psycopg sends BEGIN with the first statement).
+
+        Reconnects first if the connection was lost: nothing of an unfinished
+        transaction was acknowledged, so starting over is safe.
+        """
+        if self.conn.closed or self.conn.broken:
+            self._reconnect()
+        elif self.conn.info.transaction_status != TransactionStatus.IDLE:
+            self.conn.rollback()
+        self.backend = PostgresBackend(self.cur)
+        return self.backend
+
+    def _reconnect(self) -> None:
+        try:
+            self.conn.close()
+        except psycopg.Error:
+            pass
+        self.conn = self._connect()
+        self.cur = self.conn.cursor()
+
+    def commit(self) -> None:
+        self.conn.commit()
+
+    def rollback(self) -> None:
+        """Best effort: never raises, so the error that caused it is what callers see."""
+        try:
+            if not self.conn.closed:
+                self.conn.rollback()
+        except psycopg.Error:
+            pass
+
+    # Savepoints are part of the Store interface; execute() does not use them (see the
+    # module docstring), but they work for a caller that drives a transaction itself.
+
+    def savepoint(self) -> None:
+        self.cur.execute("SAVEPOINT troth_job")
+
+    def release(self) -> None:
+        self.cur.execute("RELEASE SAVEPOINT troth_job")
+
+    def rollback_to(self) -> None:
+        self.cur.execute("ROLLBACK TO SAVEPOINT troth_job")
+        self.cur.execute("RELEASE SAVEPOINT troth_job")
+
+    def _transient(self, exc: BaseException) -> bool:
+        """Whether re-running the whole transaction (before COMMIT) is the answer."""
+        if isinstance(exc, Phantom):
+            return True
+        if isinstance(exc, psycopg.Error) and exc.sqlstate in _RETRY_SQLSTATES:
+            return True
+        return isinstance(exc, psycopg.Error) and (self.conn.closed or self.conn.broken)
+
+    def _backoff(self, failures: int) -> None:
+        time.sleep(random.uniform(0, min(MAX_BACKOFF, 0.001 * 2**failures)))
+
+    # -- group commit ----------------------------------------------------------------------
+
+    def execute(self, jobs: Sequence[Job[Any]]) -> list[Outcome[Any]]:
+        """Group commit as in :meth:`Store.execute`, re-run whole on conflicts.
+
+        Every attempt starts from a new transaction and fresh overlays; a job set
+        aside (its reads or writes failed for a reason a re-run cannot cure) keeps
+        its error and is skipped by later attempts.  Each such job costs one re-run,
+        which does not count against ``max_attempts``.
+        """
+        with self.lock:
+            aside: dict[int, BaseException] = {}
+            prelock: Touched | None = None
+            failures = 0
+            while True:
+                try:
+                    return self._attempt(jobs, aside, prelock)
+                except _Rerun:
+                    self.rollback()
+                    self.reruns += 1
+                except _Retry as retry:
+                    self.rollback()
+                    touched = self.backend.touched
+                    if prelock is not None:
+                        for table in _TABLES:
+                            touched[table] |= prelock[table]
+                    prelock = touched
+                    failures += 1
+                    self.retries += 1
+                    if failures >= self.max_attempts:
+                        log.warning(
+                            "batch of %d lost %d attempts: %s", len(jobs), failures, retry.__cause__
+                        )
+                        busy = StoreBusy(
+                            f"gave up after {failures} conflicting attempts: {retry.__cause__}"
+                        )
+                        busy.__cause__ = retry.__cause__
+                        return [Outcome(error=busy) for _ in jobs]
+                    log.debug("batch of %d re-runs after: %s", len(jobs), retry.__cause__)
+                    self._backoff(failures)
+                except Exception as exc:  # BEGIN or COMMIT failed: nothing to re-run safely
+                    self.rollback()
+                    return [Outcome(error=exc) for _ in jobs]
+
+    def _attempt(
+        self, jobs: Sequence[Job[Any]], aside: dict[int, BaseException], prelock: Touched | None
+    ) -> list[Outcome[Any]]:
+        backend = self.begin()
+        if prelock is not None:
+            try:
+                self._prelock(backend, prelock)
+            except Exception as exc:
+                if self._transient(exc):
+                    raise _Retry() from exc
+                raise
+        outcomes: list[Outcome[Any]] = []
+        for i, job in enumerate(jobs):
+            if i in aside:
+                outcomes.append(Outcome(error=aside[i]))
+                continue
+            overlay = Overlay(backend)
+            try:
+                value = job.fn(overlay)
+            except Exception as exc:
+                # A failed read that aborted the transaction poisons the whole attempt;
+                # a job's own exception (or a client-side refusal) is its alone.
+                if self._transient(exc):
+                    raise _Retry() from exc
+                if self.conn.info.transaction_status == TransactionStatus.INERROR:
+                    aside[i] = exc
+                    raise _Rerun() from exc
+                outcomes.append(Outcome(error=exc))
+                continue
+            if overlay.writes:
+                try:
+                    backend.apply(overlay.writes, job.now)
+                except Unstorable as exc:  # refused before anything was sent
+                    outcomes.append(Outcome(error=exc))
+                    continue
+                except Exception as exc:  # part of its writes may be in: start over
+                    if self._transient(exc):
+                        raise _Retry() from exc
+                    aside[i] = exc
+                    raise _Rerun() from exc
+            outcomes.append(Outcome(value=value, wrote=bool(overlay.writes)))
+        self.commit()
+        return outcomes
+
+    def _prelock(self, backend: PostgresBackend, prelock: Touched) -> None:
+        """Lock, before a re-run, every row earlier attempts touched.
+
+        Table by table in sorted id order, waiting as long as it takes: every re-run
+        takes these locks in the same global order, so no cycle can form among them.
+        Rows the re-run reaches beyond this set are locked as the machine reads them,
+        under the usual ``lock_timeout``; a cycle through one of those ends when that
+        wait times out, and the next attempt locks a larger set up front.
+        """
+        cur = self.cur
+        cur.execute("SET LOCAL lock_timeout = 0")
+        for table in _TABLES:
+            if prelock[table]:
+                cur.execute(_PRELOCK[table], (sorted(prelock[table]),))
+        cur.execute(f"SET LOCAL lock_timeout = {round(self.lock_timeout * 1000)}")
+        backend.touched = {table: set(prelock[table]) for table in _TABLES}
+
+    def run(self, fn: Callable[[Cur], T], *, snapshot: bool = False) -> T:
+        """One transaction outside group commit (the outbox lifecycle, reset, snapshot),
+        re-run on conflicts like a batch; ``snapshot`` makes it one REPEATABLE READ view.
+        """
+        with self.lock:
+            failures = 0
+            while True:
+                self.begin()
+                try:
+                    if snapshot:
+                        self.cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                    value = fn(self.cur)
+                except Exception as exc:
+                    self.rollback()
+                    failures += 1
+                    if not self._transient(exc) or failures >= self.max_attempts:
+                        raise
+                    self.retries += 1
+                    self._backoff(failures)
+                    continue
+                try:
+                    self.commit()
+                except BaseException:
+                    self.rollback()
+                    raise
+                return value
+
+    # -- whole-store operations -------------------------------------------------------------
+
+    def reset(self) -> None:
+        """Delete every row of every node, and restart outbox ids at 1 (debug only).
+
+        TRUNCATE waits for every other transaction on the tables: no lock_timeout.
+        """
+
+        def truncate(cur: Cur) -> None:
+            cur.execute("SET LOCAL lock_timeout = 0")
+            cur.execute(_RESET)
+
+        self.run(truncate)
+
+    def snapshot(self) -> dict[str, Any]:
+        return self.run(lambda cur: PostgresBackend(cur).snapshot(), snapshot=True)
+
+    def ping(self) -> None:
+        # Bounded wait: a wedged batch must make /ready fail, not hang it.
+        if not self.lock.acquire(timeout=5):
+            raise StoreUnavailable("postgres store is busy (lock not acquired within 5 s)")
+        try:
+            for attempt in (1, 2):  # a connection found dead is reopened once
+                try:
+                    self.begin()
+                    self.cur.execute("SELECT 1").fetchone()
+                    self.conn.rollback()
+                    return
+                except psycopg.Error as exc:
+                    self.rollback()
+                    if attempt == 2 or not (self.conn.closed or self.conn.broken):
+                        raise StoreUnavailable(f"postgres store unavailable: {exc}") from exc
+        finally:
+            self.lock.release()
+
+    def close(self) -> None:
+        with self.lock:
+            self.conn.close()
+
+    def schema_version(self) -> int:
+        """The stored schema version (for diagnostics and tests)."""
+
+        def read(cur: Cur) -> int:
+            return check_version(cur)
+
+        return self.run(read)
+
+
+class _Retry(Exception):
+    """Internal: roll back and run the batch again (the cause is ``__cause__``)."""
+
+
+class _Rerun(Exception):
+    """Internal: a job was set aside; run the batch again without it."""
+
+
+class PostgresOutbox:
+    """The outbox-row lifecycle (``store.rows.OutboxLifecycle``) over the outbox table.
+
+    Row for row what memory.py's ``MemoryOutbox`` does, each call one transaction
+    (re-run on conflicts).  Claims take ``FOR UPDATE SKIP LOCKED``, so dispatchers on
+    several nodes split the due rows; settlements lock the row they check.
+    """
+
+    def __init__(self, store: PostgresStore) -> None:
+        self.store = store
+
+    def claim_due(self, worker_id: str, now: int, limit: int, token: str) -> list[OutboxRow]:
+        """Pending rows available by ``now``, oldest ``(available_at, id)`` first."""
+        params = {"now": now, "limit": limit, "token": token, "worker": worker_id}
+        claimed = self.store.run(lambda cur: cur.execute(_CLAIM, params).fetchall())
+        out = [_outbox_row(r) for r in claimed]
+        out.sort(key=lambda r: (r.available_at, r.id))  # RETURNING has no order
+        return out
+
+    def settle(
+        self,
+        row_id: int,
+        token: str,
+        state: str,
+        now: int,
+        code: str | None = None,
+        available_at: int | None = None,
+    ) -> bool:
+        """Settle a row this claim (``token``) still holds; False when it does not."""
+        return self.settle_many([(row_id, token, state, now, code, available_at)])[0]
+
+    def settle_many(self, items: Sequence[rows.Settlement]) -> list[bool]:
+        """Several settlements in one transaction, in the order given."""
+        return self.store.run(lambda cur: [self._settle(cur, *item) for item in items])
+
+    def _settle(
+        self,
+        cur: Cur,
+        row_id: int,
+        token: str,
+        state: str,
+        now: int,
+        code: str | None,
+        available_at: int | None,
+    ) -> bool:
+        held = cur.execute(_HELD, (row_id, token)).fetchone()
+        if held is None:
+            return False
+        key, attempts = held
+        if state == rows.PENDING:
+            at = available_at if available_at is not None else now
+            self._requeue(cur, row_id, key, attempts + 1, now, at, code)
+        else:
+            if state == rows.FAILED:
+                attempts += 1
+            cur.execute(_FINISH, (state, attempts, code, now, row_id))
+        return True
+
+    def unknown_rows(self, limit: int) -> list[OutboxRow]:
+        found = self.store.run(lambda cur: cur.execute(_UNKNOWN_ROWS, (limit,)).fetchall())
+        return [_outbox_row(r) for r in found]
+
+    def settle_unknown(self, row_id: int, now: int, state: str, code: str | None) -> bool:
+        def settle(cur: Cur) -> bool:
+            found = cur.execute(_IN_STATE, (row_id, rows.OUTCOME_UNKNOWN)).fetchone()
+            if found is None:
+                return False
+            key, attempts = found
+            if state == rows.PENDING:
+                self._requeue(cur, row_id, key, attempts, now, now, code)
+            else:
+                cur.execute(_FINISH, (state, attempts, code, now, row_id))
+            return True
+
+        return self.store.run(settle)
+
+    def release_expired_claims(self, cutoff: int, now: int, code: str) -> int:
+        """Claims older than ``cutoff`` may have been sent: their outcome is unknown."""
+        return self.store.run(
+            lambda cur: cur.execute(_RELEASE_EXPIRED, (code, now, cutoff)).rowcount
+        )
+
+    def purge_completed(self, before: int) -> int:
+        return self.store.run(lambda cur: cur.execute(_PURGE_COMPLETED, (before,)).rowcount)
+
+    def next_due(self) -> int | None:
+        def read(cur: Cur) -> int | None:
+            row = cur.execute(_NEXT_DUE).fetchone()
+            return None if row is None else row[0]
+
+        return self.store.run(read)
+
+    @staticmethod
+    def _requeue(
+        cur: Cur,
+        row_id: int,
+        key: str,
+        attempts: int,
+        now: int,
+        available_at: int,
+        code: str | None,
+    ) -> None:
+        """Back to pending, unless a newer pending row of the key supersedes it.
+
+        If a request inserts that newer row between the check and the update, the
+        partial unique index refuses the update (23505) and the transaction re-runs,
+        finding the row this time.
+        """
+        if cur.execute(_HAS_PENDING, (key,)).fetchone() is not None:
+            cur.execute(_FINISH, (rows.COMPLETED, attempts, rows.SUPERSEDED, now, row_id))
+            return
+        cur.execute(_REQUEUE, (attempts, code, now, available_at, row_id))

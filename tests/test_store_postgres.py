@@ -1,0 +1,570 @@
+"""What only the PostgreSQL backend has to prove: several nodes on one database.
+
+The shared contract (answers, snapshots, the outbox lifecycle) runs on postgres in
+test_store_contract.py and test_dispatcher.py.  Here: migrations (also two nodes at
+once), durability across reopen, the same answers as the memory store, and the
+concurrency design of store/postgres.py: conflicting batches are re-run, never
+answered with an error; deadlocks and creation races resolve; due lists and outbox
+claims skip what another node holds.  "Nodes" are stores, each with its own
+connection, driven from threads.
+
+PostgreSQL must be reachable (tests/pg.py): these tests fail, not skip, without it.
+"""
+
+from __future__ import annotations
+
+import base64
+import random
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+import pg
+from test_store_contract import EXT, Model, outcomes_of, promise, put, run, schedule
+from troth.machine.core import handle
+from troth.machine.internal import Config
+from troth.machine.state import Response
+from troth.protocol import requests as rq
+from troth.protocol.records import Execute, PromiseRecord, Task, TaskRecord, Unblock, Value
+from troth.server.config import ConfigError, Settings
+from troth.server.run import open_store
+from troth.store.base import Job, Overlay, Store
+from troth.store.memory import MemoryStore
+from troth.store.migrate import SchemaTooNew
+from troth.store.postgres import PostgresStore, StoreBusy, Unstorable, latest_version, migrations
+
+
+@pytest.fixture(scope="module")
+def pg_url() -> Iterator[str]:
+    with pg.throwaway_database() as url:
+        yield url
+
+
+@pytest.fixture
+def store(pg_url: str) -> Iterator[PostgresStore]:
+    s = pg.fresh_store(pg_url)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def nodes(pg_url: str) -> Iterator[Callable[[int], list[PostgresStore]]]:
+    """``nodes(n)``: n stores (n connections) on the module's emptied database."""
+    opened: list[PostgresStore] = []
+
+    def make(n: int) -> list[PostgresStore]:
+        for _ in range(n):
+            opened.append(PostgresStore(pg_url))
+        opened[0].reset()
+        return opened[-n:]
+
+    yield make
+    for s in opened:
+        s.close()
+
+
+def raw(url: str) -> psycopg.Connection[tuple[Any, ...]]:
+    """A plain connection standing for "another node" holding locks."""
+    return psycopg.connect(url)
+
+
+# -- migrations ---------------------------------------------------------------------------
+
+
+def tables(url: str) -> set[str]:
+    with raw(url) as conn:
+        found = conn.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()"
+        ).fetchall()
+    return {r[0] for r in found}
+
+
+def test_migrations_are_numbered_without_gaps() -> None:
+    assert [m.version for m in migrations()] == list(range(1, latest_version() + 1))
+
+
+def test_a_fresh_database_is_migrated_once() -> None:
+    with pg.throwaway_database() as url:
+        s = PostgresStore(url)
+        assert s.schema_version() == latest_version()
+        s.close()
+        assert tables(url) == {"schema_version", "promises", "tasks", "schedules", "outbox"}
+        PostgresStore(url).close()  # reopening applies nothing again
+        with raw(url) as conn:
+            rows = conn.execute("SELECT version FROM schema_version ORDER BY version").fetchall()
+        assert [r[0] for r in rows] == list(range(1, latest_version() + 1))
+
+
+def test_two_nodes_migrating_a_fresh_database_at_once() -> None:
+    with pg.throwaway_database() as url:
+        start = threading.Barrier(4)
+        opened: list[PostgresStore] = []
+        errors: list[BaseException] = []
+
+        def node() -> None:
+            start.wait()
+            try:
+                opened.append(PostgresStore(url))
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=node) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        assert [s.schema_version() for s in opened] == [latest_version()] * 4
+        put(opened[0], promise("p"))
+        assert run(opened[1], lambda tx: tx.get_promise("p")) == promise("p")
+        for s in opened:
+            s.close()
+        with raw(url) as conn:
+            count = conn.execute("SELECT count(*) FROM schema_version").fetchone()
+        assert count == (latest_version(),)
+
+
+def test_a_newer_schema_is_refused_and_left_untouched() -> None:
+    with pg.throwaway_database() as url:
+        with raw(url) as conn:
+            conn.execute(
+                "CREATE TABLE schema_version (version INTEGER PRIMARY KEY,"
+                " name TEXT NOT NULL, applied_at BIGINT NOT NULL)"
+            )
+            conn.execute("INSERT INTO schema_version VALUES (%s, 'future', 0)", (99,))
+        with pytest.raises(SchemaTooNew) as info:
+            PostgresStore(url)
+        assert info.value.found == 99 and info.value.known == latest_version()
+        assert tables(url) == {"schema_version"}
+
+
+# -- durability and equivalence ---------------------------------------------------------------
+
+
+def test_everything_survives_reopening(pg_url: str, store: PostgresStore) -> None:
+    rec = promise("p", "resolved", settled_at=2).record()
+
+    def job(tx: Overlay) -> None:
+        tx.set_promise(promise("p", "resolved", settled_at=2, listeners=("poll://any@l",)))
+        tx.set_promise(promise("big", tags=EXT, timeout_at=2**80, created_at=2**63))
+        tx.set_task(Task("p", "fulfilled", 2**65, ttl=5, pid="w", resumes=("q",)))
+        tx.set_schedule(schedule("s", 10**20, tags={"resonate:target": "poll://any@g"}))
+        tx.set_message("poll://any@l", Unblock(rec))
+        tx.set_message("poll://any@g", Execute("p", 3))
+
+    run(store, job, now=5)
+    [claimed] = store.outbox.claim_due("w", 5, 1, "tok")
+    before = store.snapshot()
+    store.close()
+    again = PostgresStore(pg_url)
+    try:
+        assert again.snapshot() == before
+        assert again.outbox.settle(claimed.id, "tok", "completed", 6)
+        assert run(again, lambda tx: tx.next_deadline()) == 0  # "p" is undrained
+    finally:
+        again.close()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_same_answers_as_memory(seed: int, store: PostgresStore) -> None:
+    """test_store_contract's differential model, memory against postgres."""
+    model = Model(seed)
+    memory = MemoryStore()
+    for step in range(120):
+        batch = [Job(model.job(), model.rng.randint(0, 30)) for _ in range(model.rng.randint(1, 3))]
+        assert outcomes_of(memory, batch) == outcomes_of(store, batch), step
+        for _ in range(2):
+            q = model.query()
+            assert memory.read(q) == store.read(q), step
+        for _ in range(model.rng.randint(0, 3)):
+            op = model.lifecycle()
+            assert op(memory) == op(store), step
+        if step % 40 == 39:
+            assert memory.snapshot() == store.snapshot(), step
+        if step == 80:
+            memory.reset()
+            store.reset()
+    assert memory.snapshot() == store.snapshot()
+
+
+# -- what PostgreSQL cannot store ----------------------------------------------------------------
+
+
+def test_nul_is_refused_alone_and_never_found(store: PostgresStore) -> None:
+    def bad(tx: Overlay) -> None:
+        tx.set_promise(promise("a\x00b"))
+
+    def bad_tag(tx: Overlay) -> None:
+        tx.set_promise(promise("t", tags={"k": "v\x00"}))
+
+    def good(tx: Overlay) -> None:
+        tx.set_promise(promise("ok", tags={"k": "v"}))
+
+    outcomes = store.execute([Job(bad, 0), Job(bad_tag, 0), Job(good, 0)])
+    assert isinstance(outcomes[0].error, Unstorable) and isinstance(outcomes[1].error, Unstorable)
+    assert outcomes[2].error is None and outcomes[2].wrote
+    assert [p["id"] for p in store.snapshot()["promises"]] == ["ok"]
+    assert run(store, lambda tx: tx.get_promise("a\x00b")) is None
+    assert run(store, lambda tx: tx.get_task("a\x00b")) is None
+    assert run(store, lambda tx: tx.get_schedule("a\x00b")) is None
+    assert run(store, lambda tx: tx.scan_promises(None, {"k": "v\x00"}, None, 10)) == []
+    assert run(store, lambda tx: tx.scan_promises({"pending\x00"}, {}, None, 10)) == []
+    assert run(store, lambda tx: tx.promises_in_branch("b\x00", 10)) == []
+    # A cursor with a NUL pages exactly as the code-point comparison would.
+    put(store, promise("ok0"), promise("ol"))
+    ids = run(store, lambda tx: [p.id for p in tx.scan_promises(None, {}, "ok\x00z", 10)])
+    assert ids == ["ok0", "ol"]
+
+
+# -- re-running batches ---------------------------------------------------------------------------
+
+
+def test_a_job_whose_read_fails_is_set_aside_and_the_batch_commits(store: PostgresStore) -> None:
+    def write(id: str) -> Callable[[Overlay], str]:
+        def job(tx: Overlay) -> str:
+            tx.set_promise(promise(id))
+            return id
+
+        return job
+
+    def failing_read(tx: Overlay) -> Any:
+        tx.set_promise(promise("never"))
+        return tx.scan_promises(None, {}, None, -1)  # LIMIT -1: the server refuses it
+
+    outcomes = store.execute([Job(write("a"), 0), Job(failing_read, 0), Job(write("c"), 0)])
+    assert [o.value for o in outcomes] == ["a", None, "c"]
+    assert isinstance(outcomes[1].error, psycopg.Error) and not outcomes[1].wrote
+    assert [p["id"] for p in store.snapshot()["promises"]] == ["a", "c"]
+    assert store.reruns == 1 and store.retries == 0
+
+
+class Gate:
+    """Holds the first attempt of a job at one point until the test opens it."""
+
+    def __init__(self) -> None:
+        self.attempts = 0
+        self.reached = threading.Event()
+        self.open = threading.Event()
+
+    def first_attempt_waits(self) -> None:
+        self.attempts += 1
+        if self.attempts == 1:
+            self.reached.set()
+            assert self.open.wait(10)
+
+
+def in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
+    out: list[Any] = []
+    t = threading.Thread(target=lambda: out.append(fn()))
+    t.start()
+    return t, out
+
+
+def test_a_creation_race_is_rerun_and_answers_from_the_winner(
+    nodes: Callable[[int], list[PostgresStore]],
+) -> None:
+    a, b = nodes(2)
+    gate = Gate()
+
+    def create(tx: Overlay) -> str:
+        found = tx.get_promise("x")
+        gate.first_attempt_waits()
+        if found is not None:
+            return f"found {found.param.data}"
+        tx.set_promise(promise("x", param=Value(data="from-a")))
+        return "created"
+
+    t, out = in_thread(lambda: a.execute([Job(create, 0)]))
+    assert gate.reached.wait(10)
+    put(b, promise("x", param=Value(data="from-b")))  # "x" was absent: nothing blocks it
+    gate.open.set()
+    t.join(10)
+    [[outcome]] = out
+    assert outcome.error is None and outcome.value == "found from-b"
+    assert gate.attempts == 2 and a.retries == 1
+
+
+def test_a_row_appearing_after_an_absent_read_reruns_the_batch(
+    nodes: Callable[[int], list[PostgresStore]],
+) -> None:
+    a, b = nodes(2)
+    gate = Gate()
+
+    def twice(tx: Overlay) -> tuple[bool, bool]:
+        first = tx.get_task("x") is None
+        gate.first_attempt_waits()
+        return first, tx.get_task("x") is None
+
+    t, out = in_thread(lambda: a.execute([Job(twice, 0)]))
+    assert gate.reached.wait(10)
+    put(b, Task("x", "pending", 0))
+    gate.open.set()
+    t.join(10)
+    assert out[0][0].value == (False, False)  # one consistent view: the second attempt's
+    assert gate.attempts == 2 and a.retries == 1
+
+
+def test_a_deadlock_is_rerun_and_both_batches_commit(
+    nodes: Callable[[int], list[PostgresStore]],
+) -> None:
+    a, b = nodes(2)
+    put(a, promise("p1"), promise("p2"))
+    a_holds, b_holds = Gate(), Gate()
+
+    def lock_both(first: str, second: str, mine: Gate, theirs: Gate) -> Callable[[Overlay], str]:
+        def job(tx: Overlay) -> str:
+            p = tx.get_promise(first)
+            assert p is not None
+            mine.attempts += 1
+            if mine.attempts == 1:
+                mine.reached.set()
+                assert theirs.reached.wait(10)  # each holds one row, then wants the other
+            q = tx.get_promise(second)
+            assert q is not None
+            tx.set_promise(promise(first, tags={"by": first}))
+            return first
+
+        return job
+
+    ta, out_a = in_thread(lambda: a.execute([Job(lock_both("p1", "p2", a_holds, b_holds), 0)]))
+    tb, out_b = in_thread(lambda: b.execute([Job(lock_both("p2", "p1", b_holds, a_holds), 0)]))
+    ta.join(20)
+    tb.join(20)
+    assert out_a[0][0].value == "p1" and out_b[0][0].value == "p2"
+    assert a.retries + b.retries in (1, 2)  # a victim (or both) re-ran
+    tags = {p["id"]: p["tags"] for p in a.snapshot()["promises"]}
+    assert tags == {"p1": {"by": "p1"}, "p2": {"by": "p2"}}
+
+
+def test_reading_a_task_locks_its_promise_first(pg_url: str, store: PostgresStore) -> None:
+    put(store, promise("x"), Task("x", "pending", 0))
+    with raw(pg_url) as other:
+        other.execute("SELECT 1 FROM promises WHERE id = 'x' FOR UPDATE")
+        t, out = in_thread(lambda: run(store, lambda tx: tx.get_task("x")))
+        time.sleep(0.3)
+        assert not out  # waiting for the promise's lock, not holding the task's
+        other.execute("SELECT 1 FROM tasks WHERE id = 'x' FOR UPDATE NOWAIT")
+        other.commit()
+    t.join(10)
+    assert out == [Task("x", "pending", 0)]
+
+
+def test_a_batch_that_keeps_losing_fails_with_store_busy(pg_url: str) -> None:
+    s = PostgresStore(pg_url, max_attempts=3)
+    try:
+
+        def always_conflicts(tx: Overlay) -> None:
+            raise psycopg.errors.SerializationFailure("stand-in")
+
+        # A job's own 40001 without an aborted transaction is still a conflict: the
+        # whole batch re-runs, and gives up after max_attempts.
+        [outcome] = s.execute([Job(always_conflicts, 0)])
+        assert isinstance(outcome.error, StoreBusy) and s.retries == 3
+    finally:
+        s.close()
+
+
+def test_a_lost_connection_is_reopened_and_the_batch_run_again(
+    pg_url: str, store: PostgresStore
+) -> None:
+    put(store, promise("p"))
+    pid = store.conn.info.backend_pid
+    with raw(pg_url) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    assert run(store, lambda tx: tx.get_promise("p")) == promise("p")
+    assert store.conn.info.backend_pid != pid and store.retries == 1
+    pid = store.conn.info.backend_pid
+    with raw(pg_url) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    store.ping()  # /ready reconnects too
+    assert store.outbox.next_due() is None
+
+
+# -- SKIP LOCKED: nodes share timer and dispatch work ----------------------------------------------
+
+
+def test_due_lists_skip_what_another_node_is_firing(pg_url: str, store: PostgresStore) -> None:
+    put(
+        store,
+        promise("a", tags=EXT, timeout_at=1),
+        promise("b", tags=EXT, timeout_at=2),
+        Task("a", "pending", 0, retry_at=1),
+        Task("b", "acquired", 1, expires_at=2),
+        schedule("a", 1),
+        schedule("b", 2),
+        promise("u", "resolved", settled_at=1, callbacks=("x",)),
+    )
+    with raw(pg_url) as other:
+        for table in ("promises", "tasks", "schedules"):
+            other.execute(f"SELECT 1 FROM {table} WHERE id IN ('a', 'u') FOR UPDATE")
+
+        def due(tx: Overlay) -> tuple[list[str], ...]:
+            return (
+                tx.due_promises(10, 10),
+                tx.due_tasks(10, 10),
+                tx.due_schedules(10, 10),
+                tx.undrained_promises(10),
+            )
+
+        assert run(store, due) == (["b"], ["b"], ["b"], [])  # and nothing waited
+    assert run(store, due) == (["a", "b"], ["a", "b"], ["a", "b"], ["u"])
+
+
+def test_claims_skip_rows_another_node_holds(pg_url: str, store: PostgresStore) -> None:
+    run(store, lambda tx: [tx.set_message("poll://any@g", Execute(f"t{i}", 0)) for i in range(6)])
+    with raw(pg_url) as other:
+        other.execute("SELECT 1 FROM outbox WHERE id <= 2 FOR UPDATE")
+        assert [r.id for r in store.outbox.claim_due("w", 0, 10, "t1")] == [3, 4, 5, 6]
+    assert [r.id for r in store.outbox.claim_due("w", 0, 10, "t2")] == [1, 2]
+
+
+def test_two_dispatch_nodes_never_claim_the_same_row(
+    nodes: Callable[[int], list[PostgresStore]],
+) -> None:
+    stores = nodes(4)
+
+    def send(tx: Overlay) -> None:
+        for i in range(400):
+            tx.set_message("poll://any@g", Execute(f"t{i}", 0))
+
+    run(stores[0], send)
+    claimed: dict[int, list[int]] = defaultdict(list)
+    start = threading.Barrier(len(stores))
+
+    def dispatcher(k: int) -> None:
+        start.wait()
+        while rows := stores[k].outbox.claim_due(f"w{k}", 0, 7, f"tok{k}"):
+            claimed[k] += [r.id for r in rows]
+            settled = stores[k].outbox.settle_many(
+                [(r.id, f"tok{k}", "completed", 1, None, None) for r in rows]
+            )
+            assert all(settled)
+
+    threads = [threading.Thread(target=dispatcher, args=(k,)) for k in range(len(stores))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    every = [i for ids in claimed.values() for i in ids]
+    assert sorted(every) == list(range(1, 401))  # each row once, by exactly one node
+    assert len([k for k in claimed if claimed[k]]) > 1
+    assert {r["state"] for r in stores[0].snapshot()["outbox"]} == {"completed"}
+
+
+# -- many clients, the same ids -----------------------------------------------------------------------
+
+CONFIG = Config()
+TARGET = {"resonate:target": "poll://any@g"}
+
+
+def b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+def test_many_nodes_hitting_the_same_ids(nodes: Callable[[int], list[PostgresStore]]) -> None:
+    """8 nodes × 200 requests (create, acquire, release, settle, get) over a few ids at a
+    time, in random group-commit batches: no error and no 500, and every answer fits
+    one serial history: each promise born once, each task version acquired once,
+    every settle answered with the one winning value."""
+    n_nodes, n_requests = 8, 200
+    stores = nodes(n_nodes)
+    start = threading.Barrier(n_nodes)
+    log: list[tuple[str, str, Response]] = []
+    failures: list[BaseException] = []
+
+    def node(k: int) -> None:
+        rng = random.Random(k)
+        versions: dict[str, int] = defaultdict(int)  # what this client last saw
+        start.wait()
+        i = 0
+        while i < n_requests:
+            batch: list[tuple[str, str, rq.Req]] = []
+            for _ in range(min(rng.randint(1, 6), n_requests - i)):
+                id = f"p{i // 25}-{rng.randrange(3)}"
+                kind = rng.choices(
+                    ["create", "acquire", "release", "settle", "get"], [3, 4, 3, 1, 2]
+                )[0]
+                req: rq.Req
+                if kind == "create":
+                    req = rq.PromiseCreate(id, 10**12, Value(data=b64(f"{k}.{i}")), TARGET)
+                elif kind == "acquire":
+                    req = rq.TaskAcquire(id, versions[id], f"w{k}", 10**9)
+                elif kind == "release":
+                    req = rq.TaskRelease(id, versions[id])
+                elif kind == "settle":
+                    req = rq.PromiseSettle(id, "resolved", Value(data=b64(f"{k}.{i}")))
+                else:
+                    req = rq.TaskGet(id)
+                batch.append((kind, id, req))
+                i += 1
+            now = 1_000_000 + i
+            jobs = [
+                Job(lambda tx, req=req, now=now: handle(tx, req, now, CONFIG, {}), now)
+                for _, _, req in batch
+            ]
+            for (kind, id, _), outcome in zip(batch, stores[k].execute(jobs), strict=True):
+                if outcome.error is not None:
+                    failures.append(outcome.error)
+                    continue
+                response: Response = outcome.value
+                log.append((kind, id, response))
+                if kind in ("acquire", "get") and response.status == 200:
+                    task: TaskRecord = response.data["task"]  # type: ignore[index]
+                    versions[id] = task.version
+
+    threads = [threading.Thread(target=node, args=(k,)) for k in range(n_nodes)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(100)
+    assert failures == []
+    assert len(log) == n_nodes * n_requests
+    assert all(r.status != 500 for _, _, r in log)
+
+    snap = stores[0].snapshot()
+    stored = {p["id"]: p for p in snap["promises"]}
+    tasks = {t["id"]: t for t in snap["tasks"]}
+    acquired: dict[str, list[int]] = defaultdict(list)
+    for kind, id, r in log:
+        assert r.status in (200, 404, 409), (kind, id, r)
+        if r.status != 200:
+            continue
+        if kind in ("create", "settle"):
+            p: PromiseRecord = r.data["promise"]  # type: ignore[index]
+            # Born once: every answer carries the one stored param; one settle won.
+            assert {"data": p.param.data} == stored[id]["param"], (kind, id)
+            if p.state != "pending":
+                assert {"data": p.value.data} == stored[id]["value"], (kind, id)
+        elif kind == "acquire":
+            acquired[id].append(r.data["task"].version)  # type: ignore[index]
+    for id, got in acquired.items():
+        # Each version acquired exactly once, and the stored task counts them all.
+        assert sorted(got) == list(range(1, tasks[id]["version"] + 1)), id
+    assert sum(len(v) for v in acquired.values()) > n_nodes  # the test did contend
+    print(f"retries={sum(s.retries for s in stores)} reruns={sum(s.reruns for s in stores)}")
+
+
+# -- configuration ---------------------------------------------------------------------------------
+
+
+def test_settings_open_a_postgres_store(pg_url: str) -> None:
+    s = open_store(Settings(store="postgres", postgres_url=pg_url))
+    try:
+        assert isinstance(s, Store) and s.name == "postgres"
+        s.ping()
+    finally:
+        s.close()
+    with pytest.raises(ConfigError, match="postgres_url"):
+        Settings(store="postgres")
+
+
+def test_an_unreachable_server_fails_loudly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """tests/pg.py raises (never skips) when PostgreSQL is down, naming the fix."""
+    monkeypatch.setattr(pg, "ADMIN_URL", "postgresql://postgres@127.0.0.1:1/postgres")
+    with pytest.raises(RuntimeError, match="pg_ctlcluster"):
+        pg.create_database()
