@@ -24,6 +24,7 @@ from typing import Any, Generic, TypeVar
 import msgspec
 
 from troth.protocol.records import (
+    TAG_BRANCH,
     Message,
     OutboxEntry,
     Promise,
@@ -101,10 +102,10 @@ class Backend(ABC):
 class Overlay:
     """A job's private view: its own writes over the shared transaction.
 
-    Implements the machine's ``Tx``.  Scans read the backend only (they see earlier
-    jobs of the batch, not this job's own writes); no handler scans after writing
-    something the scan could return, except ``preload`` after a fenced create, where
-    a missing entry only costs the client one read.
+    Implements the machine's ``Tx``.  Searches and the deadline index read the backend
+    only (they see earlier jobs of the batch, not this job's own writes); no handler
+    searches after writing something the search could return.  ``preload`` merges the
+    job's own writes into the branch it reads.
     """
 
     def __init__(self, backend: Backend) -> None:
@@ -155,7 +156,13 @@ class Overlay:
         return self.backend.scan_schedules(tags, after, limit)
 
     def promises_in_branch(self, branch: str, limit: int) -> list[Promise]:
-        return self.backend.promises_in_branch(branch, limit)
+        """The branch as this job sees it: stored members plus the job's own writes
+        (a fenced create answers with a ``preload`` that lists the sibling it made)."""
+        found = {p.id: p for p in self.backend.promises_in_branch(branch, limit)}
+        for p in self.writes.promises.values():
+            if p.tags.get(TAG_BRANCH) == branch:
+                found[p.id] = p
+        return [found[id] for id in sorted(found)][:limit]
 
     def due_promises(self, now: int, limit: int) -> list[str]:
         return self.backend.due_promises(now, limit)
