@@ -331,3 +331,14 @@ def test_a_push_that_hangs_is_unknown_not_retried() -> None:
 
 def test_unknown_classification_is_distinct() -> None:
     assert Unknown() != Retryable("x")
+
+
+def test_metrics_print_large_counters_exactly() -> None:
+    from troth.server.metrics import Metrics
+
+    m = Metrics()
+    m.inc("troth_requests_total", 1_234_567, kind="promise.get", status="200")
+    m.gauge("troth_sse_connections", lambda: 3.0)
+    text = m.render()
+    assert 'troth_requests_total{kind="promise.get",status="200"} 1234567' in text
+    assert "troth_sse_connections 3\n" in text

@@ -1,4 +1,4 @@
-"""``troth serve`` and ``troth dev``.
+"""``troth serve``, ``troth dev`` and ``troth bench``.
 
 ``serve`` runs the server on the configured store (SQLite file ``troth.db`` by
 default).  ``dev`` is ``serve --debug`` on a fresh in-memory store: zero
@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 from troth import __version__
+from troth.bench.options import add_bench_flags
 from troth.server.config import ConfigError, Settings, load
 
 
@@ -19,9 +20,10 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="path of a troth.toml (default: ./troth.toml if present)")
     p.add_argument("--host", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default 8001)")
-    p.add_argument("--store", choices=["memory", "sqlite"], help="storage backend")
+    p.add_argument("--store", choices=["memory", "sqlite", "postgres"], help="storage backend")
     p.add_argument("--db", help="SQLite database file (default troth.db)")
     p.add_argument("--synchronous", choices=["full", "normal"], help="SQLite durability")
+    p.add_argument("--postgres-url", help="PostgreSQL connection URI (with --store postgres)")
     p.add_argument(
         "--debug",
         action="store_const",
@@ -46,6 +48,7 @@ def settings_from(args: argparse.Namespace, base: Settings | None = None) -> Set
         "store": args.store,
         "db": args.db,
         "synchronous": args.synchronous,
+        "postgres_url": args.postgres_url,
         "debug": args.debug,
         "retry_timeout": args.retry_timeout,
         "max_body": args.max_body,
@@ -68,7 +71,13 @@ def main(argv: list[str] | None = None) -> int:
     add_server_flags(serve)
     dev = sub.add_parser("dev", help="run a debug server on a fresh in-memory store")
     add_server_flags(dev)
+    bench = sub.add_parser("bench", help="load-test a server (docs/benchmarks.md)")
+    add_bench_flags(bench)
     args = parser.parse_args(argv)
+    if args.command == "bench":
+        from troth.bench.runner import run_from_args
+
+        return run_from_args(args)
     try:
         if args.command == "dev":
             settings = settings_from(args, Settings(store="memory", debug=True))

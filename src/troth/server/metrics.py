@@ -99,7 +99,7 @@ class Metrics:
             for name in sorted(self.counters):
                 header(name, "counter")
                 for labels, v in sorted(self.counters[name].items()):
-                    lines.append(f"{name}{fmt(labels)} {v:g}")
+                    lines.append(f"{name}{fmt(labels)} {number(v)}")
             for name in sorted(self.histograms):
                 header(name, "histogram")
                 for labels, h in sorted(self.histograms[name].items()):
@@ -112,8 +112,13 @@ class Metrics:
                     lines.append(f"{name}_count{fmt(labels)} {running}")
         for name in sorted(self.gauges):
             header(name, "gauge")
-            lines.append(f"{name} {self.gauges[name]():g}")
+            lines.append(f"{name} {number(self.gauges[name]())}")
         return "\n".join(lines) + "\n"
+
+
+def number(v: float) -> str:
+    """Exact text for a sample: integers without an exponent, floats by ``repr``."""
+    return str(int(v)) if float(v).is_integer() else repr(float(v))
 
 
 def fmt(labels: Labels) -> str:

@@ -1,0 +1,143 @@
+"""``troth bench`` flags and the settings a run is made with.
+
+Kept free of heavy imports: ``troth.cli.main`` imports it to build its parser, and
+``troth serve`` must not pay for the bench at start-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+WORKLOADS = ("create-settle", "lifecycle", "fanout", "reads", "timers", "heartbeat")
+
+
+@dataclass(frozen=True)
+class Options:
+    """Everything that shapes a run; printed with the results."""
+
+    url: str | None = None  # target this server instead of starting one
+    store: str = "sqlite"
+    synchronous: str = "full"
+    dir: str | None = None  # where the database (and the raw-SQLite probe) live
+    keep: bool = False  # keep the working directory
+    clients: int = 64
+    warmup: float = 2.0
+    duration: float = 10.0
+    workers: int = 8  # SSE worker connections for lifecycle and fanout
+    children: int = 8  # fanout width
+    reads_ids: int = 10_000
+    timers: int = 10_000
+    timer_spread: float = 5.0
+    hb_tasks: int = 1_000
+    hb_workers: int = 10
+    limit_seconds: float = 3.0
+    workloads: tuple[str, ...] = WORKLOADS
+    scale: tuple[int, ...] = ()  # stored-promise counts for the scale comparison
+    scale_seconds: float = 5.0
+    profile: str | None = None  # directory for py-spy profiles of the server
+    profile_mode: str = "gil"  # gil: samples holding the GIL; active: every non-idle one
+    json: str | None = None
+    op_timeout: float = 30.0  # longest wait for one message before the run fails
+    wait_quiet: float = 0.0  # seconds to wait, before each measurement, for other load to stop
+
+
+def _workloads(text: str) -> tuple[str, ...]:
+    names = tuple(w.strip() for w in text.split(",") if w.strip())
+    for w in names:
+        if w not in WORKLOADS:
+            raise argparse.ArgumentTypeError(f"unknown workload {w!r}; choose from {WORKLOADS}")
+    return names
+
+
+def _counts(text: str) -> tuple[int, ...]:
+    try:
+        counts = tuple(int(x.replace("_", "")) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--scale wants counts like 1000000, not {text!r}"
+        ) from None
+    if any(c < 1 for c in counts):
+        raise argparse.ArgumentTypeError("--scale counts must be >= 1")
+    return counts
+
+
+def add_bench_flags(p: argparse.ArgumentParser) -> None:
+    d = Options()
+    p.add_argument("--url", help="drive this running server instead of starting one")
+    p.add_argument("--store", choices=["sqlite", "memory"], default=d.store)
+    p.add_argument("--synchronous", choices=["full", "normal"], default=d.synchronous)
+    p.add_argument("--dir", help="working directory for the database (default: a new temp dir)")
+    p.add_argument("--keep", action="store_true", help="keep the working directory")
+    p.add_argument("--clients", type=int, default=d.clients, help="concurrent clients (64)")
+    p.add_argument("--warmup", type=float, default=d.warmup, help="seconds before measuring (2)")
+    p.add_argument("--duration", type=float, default=d.duration, help="measured seconds (10)")
+    p.add_argument("--workers", type=int, default=d.workers, help="SSE workers (8)")
+    p.add_argument("--children", type=int, default=d.children, help="fanout width (8)")
+    p.add_argument("--reads-ids", type=int, default=d.reads_ids, help="promises read (10000)")
+    p.add_argument("--timers", type=int, default=d.timers, help="timer promises (10000)")
+    p.add_argument("--timer-spread", type=float, default=d.timer_spread, help="seconds (5)")
+    p.add_argument("--hb-tasks", type=int, default=d.hb_tasks, help="heartbeated tasks (1000)")
+    p.add_argument("--hb-workers", type=int, default=d.hb_workers, help="heartbeat workers (10)")
+    p.add_argument(
+        "--limit-seconds", type=float, default=d.limit_seconds, help="per limit probe (3)"
+    )
+    p.add_argument(
+        "--workloads",
+        type=_workloads,
+        default=d.workloads,
+        help=f"comma-separated subset of {','.join(WORKLOADS)} ('' for none: --scale only)",
+    )
+    p.add_argument(
+        "--scale",
+        type=_counts,
+        default=d.scale,
+        help="stored-promise counts to compare, e.g. 10000,1000000 (seeded before start)",
+    )
+    p.add_argument("--scale-seconds", type=float, default=d.scale_seconds)
+    p.add_argument("--profile", help="record py-spy profiles of the server into this directory")
+    p.add_argument(
+        "--profile-mode",
+        choices=["gil", "active"],
+        default=d.profile_mode,
+        help="gil: only samples holding the GIL (where the server's one core of Python"
+        " goes); active: every non-idle sample (includes time in fsync)",
+    )
+    p.add_argument("--json", help="also write the results as JSON to this file")
+    p.add_argument("--op-timeout", type=float, default=d.op_timeout)
+    p.add_argument(
+        "--wait-quiet",
+        type=float,
+        default=d.wait_quiet,
+        help="on a shared machine: before each measurement, wait up to this many seconds"
+        " until nothing else keeps a CPU busy (0: do not wait)",
+    )
+
+
+def options_from(args: argparse.Namespace) -> Options:
+    return Options(
+        url=args.url,
+        store=args.store,
+        synchronous=args.synchronous,
+        dir=args.dir,
+        keep=args.keep,
+        clients=args.clients,
+        warmup=args.warmup,
+        duration=args.duration,
+        workers=args.workers,
+        children=args.children,
+        reads_ids=args.reads_ids,
+        timers=args.timers,
+        timer_spread=args.timer_spread,
+        hb_tasks=args.hb_tasks,
+        hb_workers=args.hb_workers,
+        limit_seconds=args.limit_seconds,
+        workloads=args.workloads,
+        scale=args.scale,
+        scale_seconds=args.scale_seconds,
+        profile=args.profile,
+        profile_mode=args.profile_mode,
+        json=args.json,
+        op_timeout=args.op_timeout,
+        wait_quiet=args.wait_quiet,
+    )

@@ -1,0 +1,180 @@
+"""``troth bench`` keeps working: every workload runs tiny (seconds) and verifies itself.
+
+CI does not judge speed; these tests check that each workload drives a real server
+over HTTP and SSE, that its verification passed, that the tables are printed, and
+that a wrong answer fails the run instead of producing figures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from troth.bench import runner, workloads
+from troth.bench.client import BenchFailure, Client
+from troth.bench.measure import Samples
+from troth.bench.options import WORKLOADS, Options
+from troth.bench.profile import summarize
+from troth.bench.workloads import Ledger
+
+TINY = Options(
+    clients=4,
+    warmup=0.2,
+    duration=0.6,
+    workers=2,
+    children=3,
+    reads_ids=100,
+    timers=200,
+    timer_spread=0.5,
+    hb_tasks=50,
+    hb_workers=5,
+    limit_seconds=0.3,
+    scale=(300,),
+    scale_seconds=0.5,
+    op_timeout=20,
+)
+
+
+def test_every_workload_runs_tiny_and_verifies(tmp_path: Path) -> None:
+    out = io.StringIO()
+    report = runner.run(replace(TINY, dir=str(tmp_path), json=str(tmp_path / "r.json")), out)
+    text = out.getvalue()
+    assert report.ok, text
+    assert [r.name for r in report.results] == list(WORKLOADS)
+    for r in report.results:
+        assert r.checks, r.name  # each workload read its own results back
+        assert f"-- {r.name} " in text
+        head = r.line(r.headline)
+        assert head is not None and head.count > 0, (r.name, text)
+    lifecycle = next(r for r in report.results if r.name == "lifecycle")
+    assert lifecycle.line("dispatch") is not None
+    assert lifecycle.line("dispatch").latency["p50"] >= 0  # type: ignore[union-attr]
+    timers = next(r for r in report.results if r.name == "timers")
+    assert timers.line("lag").count == TINY.timers  # type: ignore[union-attr]
+    # The limits were measured, and the figures are printed as ratios to them.
+    assert report.limits.sqlite_commits and report.limits.sqlite_rows
+    assert report.limits.http is not None and report.limits.http.count > 0
+    assert "x bare HTTP" in text and "1-row SQLite commits" in text
+    # Settings in force, summary, scale and targets tables.
+    for needle in ("synchronous=full", "group commit", "summary", "scale ("):
+        assert needle in text, needle
+    assert "targets of issue 5" in text
+    assert report.rss_at_rest and report.rss_at_rest > 0
+    assert report.scale and report.scale[0].stored == 300
+    assert {r.name for r in report.scale[0].results} == {"reads", "create-settle", "lifecycle"}
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["ok"] is True and len(data["results"]) == len(WORKLOADS)
+
+
+def test_troth_bench_command(tmp_path: Path) -> None:
+    """The CLI entry point: ``troth bench`` exits 0 and prints the tables."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "troth.cli.main",
+            "bench",
+            "--workloads",
+            "create-settle",
+            "--clients",
+            "4",
+            "--warmup",
+            "0.2",
+            "--duration",
+            "0.5",
+            "--limit-seconds",
+            "0.2",
+            "--dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "-- create-settle" in proc.stdout
+    assert "verified:" in proc.stdout
+    assert "summary" in proc.stdout
+
+
+def test_a_failed_verification_fails_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def wrong(ctx: workloads.Ctx) -> workloads.Result:
+        raise BenchFailure("expected 10 promises resolved, the server holds {'pending': 10}")
+
+    monkeypatch.setitem(workloads.RUNNERS, "create-settle", wrong)
+    out = io.StringIO()
+    opts = replace(TINY, dir=str(tmp_path), scale=(), workloads=("create-settle",))
+    report = runner.run(opts, out)
+    assert not report.ok
+    assert "BENCH FAILED" in out.getvalue()
+
+
+def test_a_reply_for_another_request_is_refused() -> None:
+    """A server that answers fast but with someone else's corrId fails the bench."""
+
+    async def scenario() -> str:
+        body = b'{"kind":"promise.get","head":{"corrId":"other","status":200},"data":{}}'
+
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                b"content-length: %d\r\n\r\n%s" % (len(body), body)
+            )
+            await writer.drain()
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        client = await Client.open("127.0.0.1", port, "t")
+        try:
+            with pytest.raises(BenchFailure) as exc:
+                await client.call("promise.get", {"id": "x"})
+            return str(exc.value)
+        finally:
+            client.close()
+            server.close()
+
+    assert "reply is for promise.get other" in asyncio.run(scenario())
+
+
+def test_ledger_refuses_a_second_acquisition_and_fulfilment() -> None:
+    ledger = Ledger()
+    acquired = {"task": {"id": "t", "state": "acquired", "version": 1}}
+    assert ledger.acquired(acquired, "t") == 1
+    with pytest.raises(BenchFailure, match="acquired twice"):
+        ledger.acquired(acquired, "t")
+    settled = {"promise": {"id": "t", "state": "resolved"}}
+    ledger.fulfil(settled, "t")
+    with pytest.raises(BenchFailure, match="fulfilled twice"):
+        ledger.fulfil(settled, "t")
+    with pytest.raises(BenchFailure, match="not resolved"):
+        ledger.fulfil({"promise": {"id": "u", "state": "pending"}}, "u")
+
+
+def test_percentiles_are_nearest_rank_in_ms() -> None:
+    s = Samples([k / 1000 for k in range(1, 101)])  # 1..100 ms
+    assert s.percentiles() == {"p50": 50.0, "p90": 90.0, "p99": 99.0, "max": 100.0}
+    assert Samples().percentiles() == {}
+
+
+def test_profile_summary_counts_self_and_total_per_thread() -> None:
+    raw = (
+        "thread (1): MainThread;handle (a/site-packages/uvicorn/x.py:3);f (/w/src/troth/a.py:10) 3\n"
+        "thread (1): MainThread;handle (a/site-packages/uvicorn/x.py:3);g (/w/src/troth/a.py:20) 1\n"
+        "thread (2): troth-writer;commit (/w/src/troth/store/sqlite.py:5) 4\n"
+    )
+    threads = summarize(raw)
+    main = threads["MainThread"]
+    assert main.samples == 4
+    assert main.top("self", 5) == [("f (troth/a.py)", 0.75), ("g (troth/a.py)", 0.25)]
+    assert dict(main.top("total", 5))["handle (uvicorn/x.py)"] == 1.0
+    assert threads["troth-writer"].top("self", 1) == [("commit (troth/store/sqlite.py)", 1.0)]
