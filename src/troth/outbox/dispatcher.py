@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from troth.outbox import codes
 from troth.outbox.types import (
@@ -55,9 +55,14 @@ class OutboxDispatcher:
 
     async def run_once(self, now: int) -> DispatchReport:
         """One sweep: claim a batch of due rows and settle every one of them."""
-        report = DispatchReport()
         rows = await self.rows.claim_due(self.config.worker_id, now, self.config.batch_size)
-        report.claimed = len(rows)
+        return await self.dispatch(rows)
+
+    async def dispatch(self, rows: Sequence[OutboxRow]) -> DispatchReport:
+        """Send and settle rows this dispatcher already claimed (``claim_due`` under its
+        worker id): for an application that claims elsewhere, e.g. right after the
+        commit that wrote them."""
+        report = DispatchReport(claimed=len(rows))
         if not rows:
             return report
         gate = asyncio.Semaphore(self.config.concurrency)

@@ -173,6 +173,8 @@ class DeliveryLoop:
         )
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._inflight: set[asyncio.Task[None]] = set()
+        self._stopping = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._last_maintenance = 0.0
         self._last_purge = 0.0
@@ -180,8 +182,46 @@ class DeliveryLoop:
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._task = asyncio.create_task(self._run(), name="troth-delivery")
+        self.engine.after_commit = self.claim_after_commit
+
+    def claim_after_commit(self) -> None:
+        """On the writer thread, right after a commit that wrote outbox rows: claim
+        what is due and hand it to the event loop, so a new message does not wait
+        behind the next batch for its claim (dispatch latency)."""
+        loop = self._loop
+        if loop is None or self._stopping:
+            return
+        token = uuid.uuid4().hex
+        now = self.engine.clock()
+        try:
+            rows = self.engine.store.outbox.claim_due(
+                self.config.worker_id, now, self.config.batch_size, token
+            )
+        except Exception:
+            log.exception("claim after commit failed; the delivery loop will sweep")
+            loop.call_soon_threadsafe(self._wake.set)
+            return
+        if rows:
+            loop.call_soon_threadsafe(self._dispatch_claimed, rows)
+
+    def _dispatch_claimed(self, rows: list[OutboxRow]) -> None:
+        task = asyncio.create_task(self._send_claimed(rows))
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
+
+    async def _send_claimed(self, rows: list[OutboxRow]) -> None:
+        try:
+            self.record(await self.dispatcher.dispatch(rows))
+        except Exception:
+            log.exception("dispatch of %d claimed rows failed", len(rows))
 
     async def stop(self) -> None:
+        self._stopping = True
+        self.engine.after_commit = None
+        for task in list(self._inflight):
+            task.cancel()  # unsettled claims are reaped and reconciled
+        if self._inflight:
+            await asyncio.gather(*self._inflight, return_exceptions=True)
         if self._task is not None:
             self._task.cancel()
             try:

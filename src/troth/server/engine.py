@@ -94,6 +94,9 @@ class Engine:
         self.clock = clock
         self.on_commit = on_commit
         self.on_resume: Callable[[], None] | None = None
+        #: Runs on the writer thread right after a commit that wrote outbox rows,
+        #: before the next batch starts (delivery claims them there: no queue wait).
+        self.after_commit: Callable[[], None] | None = None
         self.stats = EngineStats()
         self.paused = False
         self._queue: queue.SimpleQueue[_Work | None] = queue.SimpleQueue()
@@ -238,6 +241,8 @@ class Engine:
             loop.call_soon_threadsafe(self._poke, earliest)
         if self.on_commit is not None:
             self.on_commit(len(works), messages)
+        if messages and self.after_commit is not None and not self.paused:
+            self.after_commit()
 
     # -- the timer ------------------------------------------------------------------------
 
