@@ -286,7 +286,8 @@ class Store(ABC):
             return outcomes
 
     def read(self, fn: Callable[[Overlay], T]) -> T:
-        """Run a job that writes nothing (its writes, if any, are discarded)."""
+        """Run one job for its answer (the timer's ``next_deadline``); meant for jobs
+        that write nothing."""
         outcome = self.execute([Job(fn, 0)])[0]
         if outcome.error is not None:
             raise outcome.error
