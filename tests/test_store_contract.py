@@ -26,7 +26,7 @@ from troth.protocol.records import (
 )
 from troth.store.base import Job, Overlay, Store
 from troth.store.memory import MemoryStore
-from troth.store.rows import SUPERSEDED
+from troth.store.rows import SUPERSEDED, settle_one
 from troth.store.sqlite import SqliteStore
 
 T = TypeVar("T")
@@ -623,10 +623,10 @@ def test_settle_is_fenced_by_the_claim_token(store: Store) -> None:
     life = store.outbox
     send(store, ("poll://any@g", Execute("a", 0)), now=1)
     [row] = life.claim_due("w", 1, 10, "tok")
-    assert not life.settle(row.id, "other", "completed", 2)
-    assert not life.settle(999, "tok", "completed", 2)
-    assert life.settle(row.id, "tok", "completed", 2)
-    assert not life.settle(row.id, "tok", "completed", 3)  # no longer held
+    assert not settle_one(life, row.id, "other", "completed", 2)
+    assert not settle_one(life, 999, "tok", "completed", 2)
+    assert settle_one(life, row.id, "tok", "completed", 2)
+    assert not settle_one(life, row.id, "tok", "completed", 3)  # no longer held
     [snap] = store.snapshot()["outbox"]
     assert (snap["state"], snap["attempts"]) == ("completed", 0)
 
@@ -638,8 +638,8 @@ def test_retry_requeues_or_is_superseded(store: Store) -> None:
     # While "a" is in flight, a newer message for its key arrives: it must not replace
     # the claimed row, and the retry of the old one is then superseded.
     send(store, ("poll://any@g", Execute("a", 1)), now=2)
-    assert life.settle(a.id, "tok", "pending", 3, "busy", 50)
-    assert life.settle(b.id, "tok", "pending", 3, "busy", 40)
+    assert settle_one(life, a.id, "tok", "pending", 3, "busy", 50)
+    assert settle_one(life, b.id, "tok", "pending", 3, "busy", 40)
     rows = {r["id"]: r for r in store.snapshot()["outbox"]}
     assert (rows[a.id]["state"], rows[a.id]["attempts"]) == ("completed", 1)
     assert rows[a.id].get("lastCode", SUPERSEDED) == SUPERSEDED
@@ -648,7 +648,7 @@ def test_retry_requeues_or_is_superseded(store: Store) -> None:
     assert life.next_due() == 2
     assert [r.id for r in life.claim_due("w", 45, 10, "t2")] == [3, b.id]
     # A requeued row is the pending row of its key again: a new message replaces it.
-    assert life.settle(b.id, "t2", "pending", 46, None, None)
+    assert settle_one(life, b.id, "t2", "pending", 46, None, None)
     send(store, ("poll://any@g", Execute("b", 9)), now=47)
     keys = [(r["id"], r["key"], r["state"]) for r in store.snapshot()["outbox"]]
     assert (b.id, "b", "pending") not in keys and (4, "b", "pending") in keys
@@ -658,9 +658,9 @@ def test_failure_unknown_and_reconciliation(store: Store) -> None:
     life = store.outbox
     send(store, *[("poll://any@g", Execute(k, 0)) for k in "abcd"], now=1)
     a, b, c, d = life.claim_due("w", 1, 10, "tok")
-    assert life.settle(a.id, "tok", "failed", 2, "boom")
-    assert life.settle(b.id, "tok", "outcome_unknown", 2, "timeout")
-    assert life.settle(c.id, "tok", "outcome_unknown", 2, "timeout")
+    assert settle_one(life, a.id, "tok", "failed", 2, "boom")
+    assert settle_one(life, b.id, "tok", "outcome_unknown", 2, "timeout")
+    assert settle_one(life, c.id, "tok", "outcome_unknown", 2, "timeout")
     assert [r.id for r in life.unknown_rows(10)] == [b.id, c.id]
     assert [r.id for r in life.unknown_rows(1)] == [b.id]
     assert not life.settle_unknown(a.id, 3, "completed", None)  # not unknown
@@ -685,9 +685,9 @@ def test_purge_completed(store: Store) -> None:
     life = store.outbox
     send(store, *[("poll://any@g", Execute(k, 0)) for k in "abc"], now=1)
     a, b, c = life.claim_due("w", 1, 10, "tok")
-    life.settle(a.id, "tok", "completed", 5)
-    life.settle(b.id, "tok", "completed", 9)
-    life.settle(c.id, "tok", "failed", 1, "x")
+    settle_one(life, a.id, "tok", "completed", 5)
+    settle_one(life, b.id, "tok", "completed", 9)
+    settle_one(life, c.id, "tok", "failed", 1, "x")
     assert life.purge_completed(5) == 0
     assert life.purge_completed(6) == 1
     assert [r["id"] for r in store.snapshot()["outbox"]] == [b.id, c.id]
@@ -805,7 +805,7 @@ class Model:
             if kind <= 1:
                 return life.claim_due(worker, now, limit, token)
             if kind == 2:
-                return life.settle(row_id, token, state, now, code, at)
+                return settle_one(life, row_id, token, state, now, code, at)
             if kind == 3:
                 return life.unknown_rows(limit)
             if kind == 4:

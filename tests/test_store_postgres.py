@@ -37,6 +37,7 @@ from troth.store.base import Job, Overlay, Store
 from troth.store.memory import MemoryStore
 from troth.store.migrate import SchemaTooNew
 from troth.store.postgres import PostgresStore, StoreBusy, Unstorable, latest_version, migrations
+from troth.store.rows import settle_one
 
 
 @pytest.fixture(scope="module")
@@ -164,7 +165,7 @@ def test_everything_survives_reopening(pg_url: str, store: PostgresStore) -> Non
     again = PostgresStore(pg_url)
     try:
         assert again.snapshot() == before
-        assert again.outbox.settle(claimed.id, "tok", "completed", 6)
+        assert settle_one(again.outbox, claimed.id, "tok", "completed", 6)
         assert run(again, lambda tx: tx.next_deadline()) == 0  # "p" is undrained
     finally:
         again.close()

@@ -23,6 +23,7 @@ from troth.store.migrate import (
     migrations,
     split_statements,
 )
+from troth.store.rows import settle_one
 from troth.store.sqlite import SqliteStore
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -458,8 +459,8 @@ def test_every_query_uses_an_index(store: SqliteStore) -> None:
     store.read(queries)
     life = store.outbox
     first, second = life.claim_due("w", 0, 10, "tok")
-    life.settle(first.id, "tok", "pending", 1, "c", 5)
-    life.settle(second.id, "tok", "outcome_unknown", 1, "c")
+    settle_one(life, first.id, "tok", "pending", 1, "c", 5)
+    settle_one(life, second.id, "tok", "outcome_unknown", 1, "c")
     life.unknown_rows(10)
     life.settle_unknown(second.id, 2, "completed", None)
     life.release_expired_claims(0, 3, "expired")

@@ -321,30 +321,30 @@ class MemoryOutbox:
         row.available_at = available_at
         self.b.pending_by_key[row.key] = row.id
 
-    def settle(
+    def settle_many(self, items: Sequence[rows.Settlement]) -> list[bool]:
+        with self.store.lock:
+            return [self._settle(*item) for item in items]
+
+    def _settle(
         self,
         row_id: int,
         token: str,
         state: str,
         now: int,
-        code: str | None = None,
-        available_at: int | None = None,
+        code: str | None,
+        available_at: int | None,
     ) -> bool:
-        with self.store.lock:
-            row = self._held(row_id, token)
-            if row is None:
-                return False
-            if state == rows.PENDING:
+        row = self._held(row_id, token)
+        if row is None:
+            return False
+        if state == rows.PENDING:
+            row.attempts += 1
+            self._requeue(row, now, available_at if available_at is not None else now, code)
+        else:
+            if state == rows.FAILED:
                 row.attempts += 1
-                self._requeue(row, now, available_at if available_at is not None else now, code)
-            else:
-                if state == rows.FAILED:
-                    row.attempts += 1
-                self._finish(row, state, now, code)
-            return True
-
-    def settle_many(self, items: Sequence[rows.Settlement]) -> list[bool]:
-        return [self.settle(*item) for item in items]
+            self._finish(row, state, now, code)
+        return True
 
     def unknown_rows(self, limit: int) -> list[OutboxRow]:
         with self.store.lock:

@@ -62,16 +62,6 @@ class OutboxLifecycle(Protocol):
 
     def claim_due(self, worker_id: str, now: int, limit: int, token: str) -> list[OutboxRow]: ...
 
-    def settle(
-        self,
-        row_id: int,
-        token: str,
-        state: str,
-        now: int,
-        code: str | None = None,
-        available_at: int | None = None,
-    ) -> bool: ...
-
     def settle_many(self, items: Sequence[Settlement]) -> list[bool]:
         """Several settlements, atomically; one answer each."""
 
@@ -84,3 +74,16 @@ class OutboxLifecycle(Protocol):
     def purge_completed(self, before: int) -> int: ...
 
     def next_due(self) -> int | None: ...
+
+
+def settle_one(
+    life: OutboxLifecycle,
+    row_id: int,
+    token: str,
+    state: str,
+    now: int,
+    code: str | None = None,
+    available_at: int | None = None,
+) -> bool:
+    """One settlement through ``settle_many`` (each backend implements only that)."""
+    return life.settle_many([(row_id, token, state, now, code, available_at)])[0]

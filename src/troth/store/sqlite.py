@@ -641,18 +641,6 @@ class SqliteOutbox:
         out.sort(key=lambda r: (r.available_at, r.id))  # RETURNING has no order
         return out
 
-    def settle(
-        self,
-        row_id: int,
-        token: str,
-        state: str,
-        now: int,
-        code: str | None = None,
-        available_at: int | None = None,
-    ) -> bool:
-        """Settle a row this claim (``token``) still holds; False when it does not."""
-        return self.settle_many([(row_id, token, state, now, code, available_at)])[0]
-
     def settle_many(self, items: Sequence[rows.Settlement]) -> list[bool]:
         """Several settlements in one transaction (one fsync for a whole sweep)."""
         with self.store.transaction() as conn:
