@@ -38,6 +38,7 @@ from troth.store.memory import MemoryStore
 from troth.store.migrate import SchemaTooNew
 from troth.store.postgres import PostgresStore, StoreBusy, Unstorable, latest_version, migrations
 from troth.store.rows import settle_one
+from troth.transport.address import PollAddress, parse_poll
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +95,15 @@ def test_a_fresh_database_is_migrated_once() -> None:
         s = PostgresStore(url)
         assert s.schema_version() == latest_version()
         s.close()
-        assert tables(url) == {"schema_version", "promises", "tasks", "schedules", "outbox"}
+        assert tables(url) == {
+            "schema_version",
+            "promises",
+            "tasks",
+            "schedules",
+            "outbox",
+            "nodes",
+            "connections",
+        }
         PostgresStore(url).close()  # reopening applies nothing again
         with raw(url) as conn:
             rows = conn.execute("SELECT version FROM schema_version ORDER BY version").fetchall()
@@ -128,6 +137,50 @@ def test_two_nodes_migrating_a_fresh_database_at_once() -> None:
         with raw(url) as conn:
             count = conn.execute("SELECT count(*) FROM schema_version").fetchone()
         assert count == (latest_version(),)
+
+
+def test_version_1_outbox_rows_get_their_destination_on_upgrade() -> None:
+    """Version 2 adds the parsed poll:// destination that claims route on; rows left
+    pending by a version-1 server must be routed like new ones."""
+    v1 = migrations()[0]
+    with pg.throwaway_database() as url:
+        with raw(url) as conn:
+            conn.execute(
+                "CREATE TABLE schema_version (version INTEGER PRIMARY KEY,"
+                " name TEXT NOT NULL, applied_at BIGINT NOT NULL)"
+            )
+            conn.execute(v1.sql)
+            conn.execute("INSERT INTO schema_version VALUES (1, %s, 0)", (v1.name,))
+            for key, address in [
+                ("u", "poll://uni@Workers/w1"),
+                ("a", "poll://any@workers"),
+                ("p", "poll://any@workers/w2"),
+                ("h", "http://example.com/hook"),
+                ("bad", "poll://uni@workers"),
+            ]:
+                conn.execute(
+                    "INSERT INTO outbox (key, address, kind, task_id, version, created_at,"
+                    " available_at, updated_at) VALUES (%s, %s, 'execute', %s, 0, 1, 1, 1)",
+                    (key, address, key),
+                )
+        PostgresStore(url).close()
+        with raw(url) as conn:
+            found = {
+                r[0]: (r[1], r[2], r[3])
+                for r in conn.execute(
+                    "SELECT key, dest_cast, dest_group, dest_id FROM outbox"
+                ).fetchall()
+            }
+        assert found == {
+            "u": ("uni", "workers", "w1"),
+            "a": ("any", "workers", None),
+            "p": ("any", "workers", "w2"),
+            "h": (None, None, None),
+            "bad": (None, None, None),
+        }
+        # the same answer as the parser new rows are routed by
+        assert parse_poll("poll://uni@Workers/w1") == PollAddress("uni", "workers", "w1")
+        assert parse_poll("poll://uni@workers") is None
 
 
 def test_a_newer_schema_is_refused_and_left_untouched() -> None:

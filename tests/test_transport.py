@@ -14,12 +14,12 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-import httpx
 import pytest
 
+from sse import stream
 from support import RunningServer, free_port, running_server
 from troth.outbox.types import Completed, Permanent, Retryable, Unknown
 from troth.protocol.records import Execute, OutboxEntry
@@ -29,65 +29,6 @@ from troth.transport.address import PollAddress, parse_poll
 from troth.transport.http import HttpSender, classify
 
 FAR = 10**13
-
-
-@dataclass
-class Stream:
-    """A background SSE reader collecting raw bytes and decoded messages."""
-
-    url: str
-    raw: bytearray = field(default_factory=bytearray)
-    messages: queue.Queue[dict[str, Any]] = field(default_factory=queue.Queue)
-    connected: threading.Event = field(default_factory=threading.Event)
-    stop: threading.Event = field(default_factory=threading.Event)
-
-    client: httpx.Client | None = None
-
-    def run(self) -> None:
-        try:
-            self._run()
-        except (httpx.HTTPError, RuntimeError, OSError):
-            if not self.stop.is_set():
-                raise
-
-    def close(self) -> None:
-        self.stop.set()
-        if self.client is not None:
-            self.client.close()
-
-    def _run(self) -> None:
-        self.client = httpx.Client(timeout=None)
-        with self.client.stream("GET", self.url, headers={"accept": "text/event-stream"}) as r:
-            assert r.headers["content-type"] == "text/event-stream"
-            buffer = b""
-            for chunk in r.iter_raw():
-                self.raw.extend(chunk)
-                buffer += chunk
-                self.connected.set()
-                while b"\n\n" in buffer:
-                    event, buffer = buffer.split(b"\n\n", 1)
-                    for line in event.split(b"\n"):
-                        if line.startswith(b"data: "):
-                            self.messages.put(json.loads(line[6:]))
-                if self.stop.is_set():
-                    return
-
-    def next(self, timeout: float = 5.0) -> dict[str, Any]:
-        return self.messages.get(timeout=timeout)
-
-
-@contextmanager
-def stream(server: RunningServer, group: str, id: str) -> Iterator[Stream]:
-    s = Stream(f"{server.url}/poll/{group}/{id}")
-    t = threading.Thread(target=s.run, daemon=True)
-    t.start()
-    assert s.connected.wait(5), "SSE stream did not open"
-    # Registration happens before the first byte is sent, so the stream is live.
-    try:
-        yield s
-    finally:
-        s.close()
-        t.join(5)
 
 
 @pytest.fixture

@@ -39,6 +39,10 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-attempts", type=int, help="sends of one outbox row before it fails (5)")
     p.add_argument("--dispatch-concurrency", type=int, help="sends in flight at once (64)")
     p.add_argument("--outbox-retention", type=float, help="seconds delivered rows are kept")
+    p.add_argument("--node-id", help="this node's name among several (postgres)")
+    p.add_argument(
+        "--node-timeout", type=float, help="seconds before a silent node counts as dead (5)"
+    )
 
 
 def settings_from(args: argparse.Namespace, base: Settings | None = None) -> Settings:
@@ -59,6 +63,8 @@ def settings_from(args: argparse.Namespace, base: Settings | None = None) -> Set
         "max_attempts": args.max_attempts,
         "dispatch_concurrency": args.dispatch_concurrency,
         "outbox_retention": args.outbox_retention,
+        "node_id": args.node_id,
+        "node_timeout": args.node_timeout,
     }
     return load(overrides, toml_path=args.config, base=base)
 

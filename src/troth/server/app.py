@@ -20,10 +20,12 @@ from troth.machine.state import Response
 from troth.protocol import requests as rq
 from troth.protocol.envelope import EnvelopeError, decode_envelope, encode_response
 from troth.protocol.requests import BadRequest, decode_data
+from troth.server.cluster import Cluster
 from troth.server.config import Settings
 from troth.server.delivery import DeliveryLoop
 from troth.server.engine import Engine
 from troth.server.metrics import Metrics
+from troth.store.base import StoreUnavailable
 from troth.transport.poll import Connection, Registry
 
 Scope = MutableMapping[str, Any]
@@ -33,6 +35,9 @@ Send = Callable[[Message], Awaitable[None]]
 
 log = logging.getLogger("troth.server")
 access = logging.getLogger("troth.access")
+#: One line per granted ``task.acquire``, written before the answer leaves: an audit
+#: trail of who held which task version (operators, and the multi-node tests).
+grants = logging.getLogger("troth.grants")
 
 LEGACY_PREFIXES = ("/promises", "/tasks", "/schedules")
 JSON = [(b"content-type", b"application/json")]
@@ -54,6 +59,7 @@ class App:
         metrics: Metrics | None = None,
         registry: Registry | None = None,
         delivery: DeliveryLoop | None = None,
+        cluster: Cluster | None = None,
         on_shutdown: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.engine = engine
@@ -61,6 +67,7 @@ class App:
         self.metrics = metrics or Metrics()
         self.registry = registry or Registry()
         self.delivery = delivery
+        self.cluster = cluster
         self.on_shutdown = on_shutdown
         self.started = False
         self.closing = asyncio.Event()
@@ -95,12 +102,16 @@ class App:
             await self.engine.start()
             if self.delivery is not None:
                 self.delivery.start()
+            if self.cluster is not None:
+                await self.cluster.start()
             self.started = True
 
     async def shutdown(self) -> None:
         """Stop delivery first (no new sends), then the engine (commits what is queued)."""
         if self.started:
             self.closing.set()
+            if self.cluster is not None:
+                await self.cluster.stop()
             if self.delivery is not None:
                 await self.delivery.stop()
             if self.on_shutdown is not None:
@@ -187,6 +198,13 @@ class App:
                 response = await self.debug(kind, req, env.head.debug_time)
             else:
                 response = await self.engine.request(req, now, {"version": env.head.version})
+        except StoreUnavailable as exc:
+            # The database is down or restarting, or the batch lost every attempt to
+            # concurrent writers: the request may be sent again (the message says
+            # when a COMMIT broke off and its outcome is unknown).
+            log.warning("store unavailable serving %s corrId=%s: %s", kind, corr, exc)
+            await self.answer(send, kind, corr, 503, f"Store unavailable: {exc}", started)
+            return
         except Exception:
             log.exception("internal error serving %s corrId=%s", kind, corr)
             await self.answer(
@@ -198,6 +216,10 @@ class App:
                 started,
             )
             return
+        if response.status == 200 and isinstance(req, rq.TaskAcquire):
+            grants.info(
+                "acquired task=%s version=%d pid=%s corrId=%s", req.id, req.version, req.pid, corr
+            )
         await self.answer(send, kind, corr, response.status, response.data, started)
 
     async def answer(
@@ -216,6 +238,8 @@ class App:
         """Hold an SSE stream open for a worker: one ``data:`` line per message, LF
         framing, comment keep-alives (which also reveal a dead peer)."""
         conn = self.registry.connect(group, id)
+        if self.cluster is not None:
+            await self.cluster.connected()  # peers route this address here from now on
         await send(
             {
                 "type": "http.response.start",

@@ -38,6 +38,8 @@ class Settings:
     max_attempts: int = 5  # sends of one outbox row before it fails
     dispatch_concurrency: int = 64  # sends in flight at once
     outbox_retention: float = 3600.0  # seconds delivered outbox rows are kept
+    node_id: str = ""  # this node's name among several (postgres); default host-pid-random
+    node_timeout: float = 5.0  # seconds without a heartbeat before peers count a node dead
 
     def __post_init__(self) -> None:
         if self.store not in ("memory", "sqlite", "postgres"):
@@ -54,6 +56,10 @@ class Settings:
             raise ConfigError("outbox_retention must be >= 0 (seconds)")
         if self.max_attempts < 1 or self.dispatch_concurrency < 1:
             raise ConfigError("max_attempts and dispatch_concurrency must be >= 1")
+        if self.node_timeout <= 0:
+            raise ConfigError("node_timeout must be > 0 (seconds)")
+        if len(self.node_id) > 200 or any(c in self.node_id for c in " \x00"):
+            raise ConfigError("node_id must be at most 200 characters, without spaces")
         if self.max_body <= 0:
             raise ConfigError("max_body must be > 0 (bytes)")
         if not 0 < self.port < 65536:

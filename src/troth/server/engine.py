@@ -29,35 +29,21 @@ from troth.machine.internal import Config
 from troth.machine.state import Response
 from troth.protocol import requests as rq
 from troth.server.waiting import wait_event
-from troth.store.base import Job, Outcome, Overlay, Store, Writes
-from troth.store.memory import promise_deadline, task_deadline
+from troth.store.base import Job, Outcome, Overlay, Store
+from troth.store.memory import earliest_deadline
 
 log = logging.getLogger("troth.engine")
 T = TypeVar("T")
 
 #: Most jobs one transaction takes.
 MAX_BATCH = 256
+#: Milliseconds before a timer on a shared store looks again at a due deadline that
+#: another node was firing.
+SHARED_RECHECK_MS = 50
 
 
 def wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-def earliest_deadline(writes: Writes) -> int | None:
-    """The earliest deadline a job's writes armed (a hint for the timer only)."""
-    best: int | None = None
-    for p in writes.promises.values():
-        d = promise_deadline(p)
-        if d is not None and (best is None or d < best):
-            best = d
-    for t in writes.tasks.values():
-        d = task_deadline(t)
-        if d is not None and (best is None or d < best):
-            best = d
-    for s in writes.schedules.values():
-        if s is not None and (best is None or s.next_run_at < best):
-            best = s.next_run_at
-    return best
 
 
 @dataclass
@@ -250,6 +236,10 @@ class Engine:
         fired = tick(tx, now, self.config)
         return fired, bool(tx.writes)
 
+    def hint(self, instant: int) -> None:
+        """Another node armed a deadline at ``instant`` (event-loop thread only)."""
+        self._poke(instant)
+
     def _poke(self, instant: float) -> None:
         if instant < self._target and self._wake is not None:
             self._target = instant
@@ -272,9 +262,16 @@ class Engine:
                     self.stats.fired += fired
                     if wrote:
                         continue
-                    # Due but nothing to change (an orphan row): do not spin on it.
-                    log.warning("deadline %d due at %d changed nothing; backing off", deadline, now)
-                    deadline = now + 1000
+                    if self.store.shared:
+                        # Another node holds the due rows (SKIP LOCKED passed them
+                        # over) and is firing them; look again shortly.
+                        deadline = now + SHARED_RECHECK_MS
+                    else:
+                        # Due but nothing to change (an orphan row): do not spin on it.
+                        log.warning(
+                            "deadline %d due at %d changed nothing; backing off", deadline, now
+                        )
+                        deadline = now + 1000
             except asyncio.CancelledError:
                 raise
             except Exception:

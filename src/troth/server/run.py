@@ -8,12 +8,12 @@ was queued before the store closes.
 from __future__ import annotations
 
 import logging
-import os
 import sys
 
 from troth.machine.internal import Config
 from troth.outbox.types import DispatchConfig
 from troth.server.app import App
+from troth.server.cluster import default_node_id
 from troth.server.config import Settings
 from troth.server.delivery import DeliveryLoop
 from troth.server.engine import Engine
@@ -43,12 +43,14 @@ def open_store(settings: Settings) -> Store:
 def build_app(settings: Settings, store: Store | None = None) -> App:
     """Wire store, engine, transports, dispatcher and metrics into one app."""
     metrics = Metrics()
-    engine = Engine(store or open_store(settings), Config(retry_timeout=settings.retry_timeout))
+    store = store or open_store(settings)
+    engine = Engine(store, Config(retry_timeout=settings.retry_timeout))
     registry = Registry()
+    node = settings.node_id or default_node_id()
     metrics.gauge("troth_sse_connections", lambda: float(registry.count()))
     http = HttpSender(settings.url)
     config = DispatchConfig(
-        worker_id=f"troth-{os.getpid()}",
+        worker_id=node,
         send_timeout=settings.send_timeout,
         max_attempts=settings.max_attempts,
         concurrency=settings.dispatch_concurrency,
@@ -67,12 +69,28 @@ def build_app(settings: Settings, store: Store | None = None) -> App:
 
     engine.on_commit = committed
     engine.on_resume = delivery.wake
+    cluster = None
+    if store.shared:
+        from troth.server.cluster import Cluster
+        from troth.store.postgres import PostgresStore
+
+        assert isinstance(store, PostgresStore)
+        cluster = Cluster(
+            store,
+            engine,
+            registry,
+            delivery,
+            node=node,
+            url=settings.url,
+            node_timeout=settings.node_timeout,
+        )
     return App(
         engine,
         settings,
         metrics=metrics,
         registry=registry,
         delivery=delivery,
+        cluster=cluster,
         on_shutdown=http.close,
     )
 

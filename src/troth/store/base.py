@@ -198,13 +198,16 @@ class Outcome(Generic[T]):
 
 
 class StoreUnavailable(Exception):
-    """The store cannot answer (503 at ``/ready``; 500 for a request)."""
+    """The store cannot answer (503 at ``/ready`` and for a request)."""
 
 
 class Store(ABC):
     """A backend that can run batches of jobs in one transaction."""
 
     name: str = "store"
+    #: Whether other processes write the same data (PostgreSQL): a due deadline
+    #: that this process could not fire was then most likely fired by another.
+    shared: bool = False
     #: The outbox-row lifecycle the dispatcher works through.
     outbox: OutboxLifecycle
 

@@ -33,6 +33,23 @@ def task_deadline(t: Task) -> int | None:
     return None
 
 
+def earliest_deadline(writes: Writes) -> int | None:
+    """The earliest deadline a job's writes armed (a hint for the timer only)."""
+    best: int | None = None
+    for p in writes.promises.values():
+        d = promise_deadline(p)
+        if d is not None and (best is None or d < best):
+            best = d
+    for t in writes.tasks.values():
+        d = task_deadline(t)
+        if d is not None and (best is None or d < best):
+            best = d
+    for s in writes.schedules.values():
+        if s is not None and (best is None or s.next_run_at < best):
+            best = s.next_run_at
+    return best
+
+
 class MemoryBackend(Backend):
     def __init__(self) -> None:
         self.promises: dict[str, Promise] = {}

@@ -46,6 +46,10 @@ other processes write the same rows at the same time.  How, and why:
 * **Timer and delivery work is shared, not duplicated**: due lists and outbox
   claims are ``FOR UPDATE SKIP LOCKED``, so two nodes never fire the same deadline
   or claim the same row at once, and neither waits for the other.
+* **Several nodes** (``server/cluster.py``): a batch that wrote outbox rows or armed
+  a deadline sends ``NOTIFY troth`` at its COMMIT, so peers wake instead of
+  polling; with :attr:`PostgresOutbox.routing` set, a node claims only the
+  ``poll://`` rows it can deliver (``_CLAIM_ROUTED``).
 * **Integers**: instants, versions and ttls are ``NUMERIC`` (exact, unbounded,
   numerically ordered), so the protocol's naturals beyond 2**63 round-trip exactly,
   as in memory.py, rather than being refused.
@@ -69,6 +73,7 @@ import random
 import re
 import time
 from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Final, TypeVar
 
@@ -102,9 +107,10 @@ from troth.store.base import (
     StoreUnavailable,
     Writes,
 )
-from troth.store.memory import snap_promise, snap_row, snap_task
+from troth.store.memory import earliest_deadline, snap_promise, snap_row, snap_task
 from troth.store.migrate import Migration, SchemaError, SchemaTooNew
 from troth.store.rows import OutboxRow
+from troth.transport.address import parse_poll
 
 __all__ = ["PostgresBackend", "PostgresOutbox", "PostgresStore", "StoreBusy", "Unstorable"]
 
@@ -270,11 +276,13 @@ _DELETE_SCHEDULE: Final = "DELETE FROM schedules WHERE id = %s"
 # the key in other states are not the arbiter's, so a claimed row is never touched.
 _UPSERT_MESSAGE: Final = (
     "INSERT INTO outbox (key, address, kind, task_id, version, promise, created_at,"
-    " state, attempts, available_at, updated_at)"
+    " state, attempts, available_at, updated_at, dest_cast, dest_group, dest_id)"
     " VALUES (%(key)s, %(address)s, %(kind)s, %(task_id)s, %(version)s, %(promise)s,"
-    " %(now)s, 'pending', 0, %(now)s, %(now)s)"
+    " %(now)s, 'pending', 0, %(now)s, %(now)s, %(cast)s, %(group)s, %(dest)s)"
     " ON CONFLICT (key) WHERE state = 'pending' DO UPDATE SET id = excluded.id,"
     " address = excluded.address, kind = excluded.kind, task_id = excluded.task_id,"
+    " dest_cast = excluded.dest_cast, dest_group = excluded.dest_group,"
+    " dest_id = excluded.dest_id,"
     " version = excluded.version, promise = excluded.promise,"
     " created_at = excluded.created_at, attempts = 0, available_at = excluded.available_at,"
     " claim_token = NULL, claimed_by = NULL, claimed_at = NULL, last_code = NULL,"
@@ -323,6 +331,29 @@ _CLAIM: Final = (
     " FROM due WHERE o.id = due.id"
     f" RETURNING {', '.join(f'o.{c}' for c in _OUTBOX_COLUMNS)}"
 )
+# The claim of one node among several (server/cluster.py): besides http(s) rows, it
+# takes the poll:// rows it can deliver itself, and those no live node can (they are
+# tried, found undeliverable and backed off, as on a single node).  ``others`` is what
+# the other live nodes hold, by the database's clock.  For anycast with a preferred
+# id, the node holding that id comes first; else any node holding the group.
+_OTHERS_HOLD: Final = "SELECT 1 FROM others AS x WHERE x.grp = o.dest_group"
+_CLAIM_ROUTED: Final = (
+    "WITH others AS MATERIALIZED (SELECT c.grp, c.pid FROM connections AS c"
+    " JOIN nodes AS n ON n.node = c.node WHERE c.node <> %(node)s"
+    " AND n.seen_at >= extract(epoch FROM clock_timestamp()) * 1000 - %(timeout)s),"
+    " due AS MATERIALIZED (SELECT o.id FROM outbox AS o"
+    " WHERE o.state = 'pending' AND o.available_at <= %(now)s AND ("
+    " o.dest_group IS NULL"
+    " OR (o.dest_id IS NOT NULL AND o.dest_group || '/' || o.dest_id = ANY(%(pairs)s))"
+    f" OR (o.dest_cast = 'uni' AND NOT EXISTS ({_OTHERS_HOLD} AND x.pid = o.dest_id))"
+    f" OR (o.dest_cast = 'any' AND NOT EXISTS ({_OTHERS_HOLD} AND x.pid = o.dest_id)"
+    f" AND (o.dest_group = ANY(%(groups)s) OR NOT EXISTS ({_OTHERS_HOLD}))))"
+    " ORDER BY o.available_at, o.id LIMIT %(limit)s FOR UPDATE OF o SKIP LOCKED)"
+    " UPDATE outbox AS o SET state = 'dispatching', claim_token = %(token)s,"
+    " claimed_by = %(worker)s, claimed_at = %(now)s, updated_at = %(now)s"
+    " FROM due WHERE o.id = due.id"
+    f" RETURNING {', '.join(f'o.{c}' for c in _OUTBOX_COLUMNS)}"
+)
 # FOR UPDATE: a concurrent reaper or settlement must not slip between the check and
 # the update (READ COMMITTED re-checks the WHERE on the row it finally locks).
 _HELD: Final = (
@@ -346,6 +377,13 @@ _RELEASE_EXPIRED: Final = (
 )
 _PURGE_COMPLETED: Final = "DELETE FROM outbox WHERE state = 'completed' AND updated_at < %s"
 _NEXT_DUE: Final = "SELECT min(available_at) FROM outbox WHERE state = 'pending'"
+
+#: The channel of ``_announce``; its payload is ``"{node} {messages} {deadline|-}"``.
+CHANNEL: Final = "troth"
+# At COMMIT, a notifying transaction takes one database-wide lock, held by the other
+# notifying commits for the length of their flush: waiting for it is not a deadlock
+# risk, so the batch's short lock_timeout is lifted for it.
+_NOTIFY: Final = f"SELECT set_config('lock_timeout', '0', true), pg_notify('{CHANNEL}', %s)"
 
 _RESET: Final = "TRUNCATE promises, tasks, schedules, outbox RESTART IDENTITY"
 
@@ -469,6 +507,7 @@ def _message_row(key: str, entry: OutboxEntry, now: int) -> dict[str, Any]:
         kind, task_id, version, promise = "execute", m.task_id, m.version, None
     else:
         kind, task_id, version, promise = "unblock", None, None, _json(m.promise)
+    poll = parse_poll(entry.address)
     return {
         "key": key,
         "address": entry.address,
@@ -477,6 +516,9 @@ def _message_row(key: str, entry: OutboxEntry, now: int) -> dict[str, Any]:
         "version": version,
         "promise": promise,
         "now": now,
+        "cast": poll and poll.cast,
+        "group": poll and poll.group,
+        "dest": poll and poll.id,
     }
 
 
@@ -807,6 +849,8 @@ class PostgresStore(Store):
     """
 
     name = "postgres"
+    shared = True
+    outbox: PostgresOutbox
 
     def __init__(
         self, url: str, *, max_attempts: int = MAX_ATTEMPTS, lock_timeout: float = LOCK_TIMEOUT
@@ -822,6 +866,9 @@ class PostgresStore(Store):
         #: Whole-batch re-runs after a conflict, and after a job was set aside.
         self.retries = 0
         self.reruns = 0
+        #: This node's name in notifications; None: announce nothing (one node alone,
+        #: or a store used outside a server).
+        self.notify_as: str | None = None
         self.conn = self._connect()
         try:
             migrate(self.conn)
@@ -948,6 +995,10 @@ class PostgresStore(Store):
                     self._backoff(failures)
                 except Exception as exc:  # BEGIN or COMMIT failed: nothing to re-run safely
                     self.rollback()
+                    if isinstance(exc, psycopg.OperationalError):
+                        unavailable = StoreUnavailable(f"postgres unreachable: {exc}")
+                        unavailable.__cause__ = exc
+                        return [Outcome(error=unavailable) for _ in jobs]
                     return [Outcome(error=exc) for _ in jobs]
 
     def _attempt(
@@ -962,6 +1013,8 @@ class PostgresStore(Store):
                     raise _Retry() from exc
                 raise
         outcomes: list[Outcome[Any]] = []
+        messages = 0
+        earliest: int | None = None
         for i, job in enumerate(jobs):
             if i in aside:
                 outcomes.append(Outcome(error=aside[i]))
@@ -990,9 +1043,33 @@ class PostgresStore(Store):
                         raise _Retry() from exc
                     aside[i] = exc
                     raise _Rerun() from exc
+                messages += len(overlay.writes.messages)
+                armed = earliest_deadline(overlay.writes)
+                if armed is not None and (earliest is None or armed < earliest):
+                    earliest = armed
             outcomes.append(Outcome(value=value, wrote=bool(overlay.writes)))
-        self.commit()
+        if self.notify_as is not None and (messages or earliest is not None):
+            self._announce(messages, earliest)
+        try:
+            self.commit()
+        except psycopg.Error as exc:
+            if exc.sqlstate in _RETRY_SQLSTATES:
+                raise _Retry() from exc  # refused before it took effect: run again
+            # The connection broke while COMMIT was under way: it may have happened.
+            raise StoreUnavailable(f"COMMIT failed, its outcome is unknown: {exc}") from exc
         return outcomes
+
+    def _announce(self, messages: int, earliest: int | None) -> None:
+        """Tell the other nodes, at COMMIT, that this batch wrote outbox rows or armed
+        a deadline (``server/cluster.py`` listens): their delivery loops and timers
+        wake for it instead of polling.  Rolled back with the batch if it re-runs."""
+        payload = f"{self.notify_as} {messages} {'-' if earliest is None else earliest}"
+        try:
+            self.cur.execute(_NOTIFY, (payload,))
+        except Exception as exc:
+            if self._transient(exc):
+                raise _Retry() from exc
+            raise
 
     def _prelock(self, backend: PostgresBackend, prelock: Touched) -> None:
         """Lock, before a re-run, every row earlier attempts touched.
@@ -1094,21 +1171,48 @@ class _Rerun(Exception):
     """Internal: a job was set aside; run the batch again without it."""
 
 
+@dataclass(frozen=True)
+class Routing:
+    """How a node of several claims poll:// rows (set by ``server/cluster.py``).
+
+    ``reach`` answers, from any thread, the groups and ``group/id`` pairs this node
+    holds SSE connections for right now; ``timeout_ms`` is how old another node's
+    heartbeat may be before its connections stop counting.
+    """
+
+    node: str
+    timeout_ms: int
+    reach: Callable[[], tuple[Sequence[str], Sequence[str]]]
+
+
 class PostgresOutbox:
     """The outbox-row lifecycle (``store.rows.OutboxLifecycle``) over the outbox table.
 
     Row for row what memory.py's ``MemoryOutbox`` does, each call one transaction
     (re-run on conflicts).  Claims take ``FOR UPDATE SKIP LOCKED``, so dispatchers on
-    several nodes split the due rows; settlements lock the row they check.
+    several nodes split the due rows; settlements lock the row they check.  With
+    :attr:`routing` set, a node claims only what it can deliver (see ``_CLAIM_ROUTED``).
     """
 
     def __init__(self, store: PostgresStore) -> None:
         self.store = store
+        self.routing: Routing | None = None
 
     def claim_due(self, worker_id: str, now: int, limit: int, token: str) -> list[OutboxRow]:
         """Pending rows available by ``now``, oldest ``(available_at, id)`` first."""
-        params = {"now": now, "limit": limit, "token": token, "worker": worker_id}
-        claimed = self.store.run(lambda cur: cur.execute(_CLAIM, params).fetchall())
+        params: dict[str, Any] = {"now": now, "limit": limit, "token": token, "worker": worker_id}
+        sql = _CLAIM
+        routing = self.routing
+        if routing is not None:
+            groups, pairs = routing.reach()
+            params.update(
+                node=routing.node,
+                timeout=routing.timeout_ms,
+                groups=list(groups),
+                pairs=list(pairs),
+            )
+            sql = _CLAIM_ROUTED
+        claimed = self.store.run(lambda cur: cur.execute(sql, params).fetchall())
         out = [_outbox_row(r) for r in claimed]
         out.sort(key=lambda r: (r.available_at, r.id))  # RETURNING has no order
         return out

@@ -1,0 +1,326 @@
+"""Membership of one troth node among several sharing a PostgreSQL database.
+
+Every node serves ``POST /`` and SSE connections.  A message for a ``poll://``
+address must be delivered by a node that holds a matching connection, wherever the
+request that produced it was served.  How:
+
+* **Presence.**  Each node writes which ``(group, id)`` it holds connections for
+  into ``connections`` (synchronously when a worker connects, before the stream's
+  first byte, so a request the worker sends next already finds it), and heartbeats
+  its ``nodes`` row every ``node_timeout / 5`` seconds, on the database's clock.
+* **Claims.**  The outbox is claimed through ``PostgresOutbox.routing``: a node takes
+  the ``poll://`` rows it can deliver itself, plus rows no live node can deliver
+  (tried, found undeliverable, backed off — as on one node); http(s) rows go to any
+  node.  ``FOR UPDATE SKIP LOCKED`` keeps two nodes off the same row.
+* **Wake-ups.**  A batch that wrote outbox rows or armed a deadline sends
+  ``NOTIFY troth`` at its COMMIT (``PostgresStore._announce``); every node LISTENs, so
+  the node holding the connection sweeps at once and every timer learns of earlier
+  deadlines.  No polling on the hot path: the delivery loop's 1 s maintenance sweep
+  and the timer's re-read of the global next deadline are the only fallbacks, for a
+  notification lost while a connection was down.
+* **Death.**  A node whose heartbeat is older than ``node_timeout`` is dead: its
+  connections stop counting at once (its workers reconnect to another node, which
+  then claims their messages), and the first live node to notice moves the dead
+  node's outbox claims to ``outcome_unknown`` (they may have been sent), where
+  reconciliation settles or resends them — instead of waiting out the claim timeout.
+  A node that was only slow re-registers with its next heartbeat; its late
+  settlements are refused by the claim token, as for any reaped claim.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import uuid
+from typing import Any
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from troth.outbox import codes
+from troth.server.delivery import DeliveryLoop
+from troth.server.engine import Engine
+from troth.server.waiting import wait_event
+from troth.store.postgres import CHANNEL, PostgresStore, Routing
+from troth.transport.poll import Registry
+
+log = logging.getLogger("troth.cluster")
+
+AsyncConn = psycopg.AsyncConnection[tuple[Any, ...]]
+
+_NOW_MS = "extract(epoch FROM clock_timestamp()) * 1000"
+_REGISTER = (
+    "INSERT INTO nodes (node, url, started_at, seen_at)"
+    f" VALUES (%s, %s, {_NOW_MS}, {_NOW_MS})"
+    " ON CONFLICT (node) DO UPDATE SET url = excluded.url, seen_at = excluded.seen_at"
+)
+_HEARTBEAT = f"UPDATE nodes SET seen_at = {_NOW_MS} WHERE node = %s"
+_FORGET_CONNECTIONS = "DELETE FROM connections WHERE node = %s"
+_ADD_CONNECTION = (
+    "INSERT INTO connections (node, grp, pid) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING"
+)
+_DROP_CONNECTION = "DELETE FROM connections WHERE node = %s AND grp = %s AND pid = %s"
+_DEAD = f"SELECT node FROM nodes WHERE seen_at < {_NOW_MS} - %s ORDER BY node FOR UPDATE"
+_REAP_CLAIMS = (
+    "UPDATE outbox SET state = 'outcome_unknown', claim_token = NULL, last_code = %s,"
+    " updated_at = %s WHERE state = 'dispatching' AND claimed_by = ANY(%s)"
+)
+_DELETE_NODES = "DELETE FROM nodes WHERE node = ANY(%s)"
+_LEAVE = "DELETE FROM nodes WHERE node = %s"
+
+
+def default_node_id() -> str:
+    """Host, pid and a random suffix: unique across restarts and machines."""
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+class Cluster:
+    """One node's membership: presence, heartbeat, dead-node reaping, LISTEN."""
+
+    def __init__(
+        self,
+        store: PostgresStore,
+        engine: Engine,
+        registry: Registry,
+        delivery: DeliveryLoop,
+        *,
+        node: str,
+        url: str,
+        node_timeout: float,
+    ) -> None:
+        if node_timeout <= 0:
+            raise ValueError("node_timeout must be > 0 (seconds)")
+        self.store = store
+        self.engine = engine
+        self.registry = registry
+        self.delivery = delivery
+        self.node = node
+        self.url = url
+        self.node_timeout = node_timeout
+        self.heartbeat_every = node_timeout / 5
+        self._reach: tuple[list[str], list[str]] = ([], [])
+        self._published: set[tuple[str, str]] = set()
+        self._write: AsyncConn | None = None
+        self._lock = asyncio.Lock()
+        self._dirty = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self.heard = 0  # notifications from other nodes (tests, diagnostics)
+        self.reaped = 0  # claims of dead nodes moved to outcome_unknown
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Register, route claims through this node's reach, start listening."""
+        async with self._lock:
+            conn = await self._writer()
+            await conn.execute(_REGISTER, (self.node, self.url))
+            await conn.execute(_FORGET_CONNECTIONS, (self.node,))
+        self.store.outbox.routing = Routing(
+            self.node, round(self.node_timeout * 1000), lambda: self._reach
+        )
+        self.store.notify_as = self.node
+        self.registry.on_change = self._changed
+        self._changed()
+        self._tasks = [
+            asyncio.create_task(self._listen(), name="troth-cluster-listen"),
+            asyncio.create_task(self._heartbeat(), name="troth-cluster-heartbeat"),
+        ]
+        log.info("node %s joined (node_timeout %.1f s)", self.node, self.node_timeout)
+
+    async def stop(self) -> None:
+        """Leave: peers stop routing to this node at once, not after node_timeout."""
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+        self._tasks = []
+        self.registry.on_change = None
+        async with self._lock:
+            try:
+                conn = await self._writer()
+                await conn.execute(_LEAVE, (self.node,))
+            except (psycopg.Error, OSError) as exc:
+                log.warning("could not deregister node %s: %s", self.node, exc)
+            await self._close_writer()
+
+    # -- presence ---------------------------------------------------------------------
+
+    def reach(self) -> tuple[list[str], list[str]]:
+        """Groups and ``group/id`` pairs held here (any thread: an atomic read)."""
+        return self._reach
+
+    def _changed(self) -> None:
+        groups = self.registry.groups
+        self._reach = (
+            sorted(groups),
+            sorted(f"{g}/{id}" for g, members in groups.items() for id in members),
+        )
+        self._dirty.set()
+
+    async def publish(self) -> None:
+        """Bring ``connections`` in line with the registry.  On failure it raises and
+        the next heartbeat tries again; meanwhile this node still claims what it holds
+        (its own claims read the registry, not the table)."""
+        async with self._lock:
+            self._dirty.clear()
+            held = {(g, id) for g, members in self.registry.groups.items() for id in members}
+            added, gone = held - self._published, self._published - held
+            if not added and not gone:
+                return
+            try:
+                conn = await self._writer()
+                async with conn.transaction(), conn.cursor() as cur:
+                    if added:
+                        await cur.executemany(
+                            _ADD_CONNECTION, [(self.node, g, id) for g, id in sorted(added)]
+                        )
+                    if gone:
+                        await cur.executemany(
+                            _DROP_CONNECTION, [(self.node, g, id) for g, id in sorted(gone)]
+                        )
+            except BaseException:
+                await self._close_writer()
+                self._dirty.set()
+                raise
+            self._published = held
+
+    async def connected(self) -> None:
+        """A worker connected: publish before its stream starts (never fatal to the
+        connection — the heartbeat publishes later if this fails)."""
+        try:
+            await self.publish()
+        except (psycopg.Error, OSError) as exc:
+            log.warning("could not publish a new connection yet: %s", exc)
+
+    # -- heartbeat and reaping ------------------------------------------------------
+
+    async def _heartbeat(self) -> None:
+        loop = asyncio.get_running_loop()
+        last_reap = 0.0
+        while True:
+            ok = False
+            try:
+                await self._beat()
+                if self._dirty.is_set():
+                    await self.publish()
+                if loop.time() - last_reap >= self.heartbeat_every:
+                    last_reap = loop.time()
+                    reaped = await self.reap_dead()
+                    if reaped:
+                        self.delivery.wake_here()  # reconciliation resends what is due
+                ok = True
+            except asyncio.CancelledError:
+                raise
+            except (psycopg.Error, OSError) as exc:
+                log.warning("cluster heartbeat failed: %s", exc)
+                async with self._lock:
+                    await self._close_writer()
+            except Exception:
+                log.exception("cluster heartbeat failed")
+            if ok:
+                await wait_event(self._dirty, self.heartbeat_every)
+            else:
+                await asyncio.sleep(self.heartbeat_every)
+
+    async def _beat(self) -> None:
+        async with self._lock:
+            conn = await self._writer()
+            cur = await conn.execute(_HEARTBEAT, (self.node,))
+            if cur.rowcount == 0:
+                # Peers took this node for dead and removed it (and its connections):
+                # register again and republish everything.
+                log.warning("node %s was presumed dead by a peer; re-registering", self.node)
+                await conn.execute(_REGISTER, (self.node, self.url))
+                self._published = set()
+                self._dirty.set()
+
+    async def reap_dead(self) -> int:
+        """Move the claims of nodes whose heartbeat stopped to ``outcome_unknown`` and
+        forget those nodes; returns how many claims were moved."""
+        async with self._lock:
+            conn = await self._writer()
+            async with conn.transaction():
+                cur = await conn.execute(_DEAD, (round(self.node_timeout * 1000),))
+                dead = [r[0] for r in await cur.fetchall() if r[0] != self.node]
+                if not dead:
+                    return 0
+                cur = await conn.execute(_REAP_CLAIMS, (codes.NODE_DEAD, self.engine.clock(), dead))
+                reaped = max(cur.rowcount, 0)
+                await conn.execute(_DELETE_NODES, (dead,))
+        log.warning("nodes %s stopped heartbeating; %d of their claims reaped", dead, reaped)
+        self.reaped += reaped
+        return reaped
+
+    # -- LISTEN -----------------------------------------------------------------------
+
+    async def _listen(self) -> None:
+        while True:
+            conn: AsyncConn | None = None
+            try:
+                conn = await self._connect()
+                await conn.execute(f"LISTEN {CHANNEL}")
+                # Whatever was announced while not listening: look now.
+                self.delivery.wake_here()
+                self.engine.hint(0)
+                async for note in conn.notifies():
+                    self._heard(note.payload)
+            except asyncio.CancelledError:
+                raise
+            except (psycopg.Error, OSError) as exc:
+                log.warning("cluster listener lost its connection (%s); reconnecting", exc)
+            finally:
+                if conn is not None:
+                    await conn.close()
+            await asyncio.sleep(1.0)
+
+    def _heard(self, payload: str) -> None:
+        node, _, rest = payload.partition(" ")
+        if node == self.node:
+            return
+        messages, _, deadline = rest.partition(" ")
+        self.heard += 1
+        if messages not in ("", "0"):
+            self.delivery.wake_here()
+        if deadline and deadline != "-":
+            try:
+                self.engine.hint(int(deadline))
+            except ValueError:
+                log.warning("ignoring malformed notification %r", payload)
+
+    # -- connections --------------------------------------------------------------------
+
+    async def _connect(self) -> AsyncConn:
+        params = conninfo_to_dict(self.store.url)
+        params.setdefault("connect_timeout", 10)
+        params["application_name"] = f"troth-cluster:{self.node}"[:63]
+        conninfo = make_conninfo("", **params)
+        return await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
+
+    async def _writer(self) -> AsyncConn:
+        """The connection for presence and heartbeats (callers hold ``_lock``)."""
+        if self._write is None or self._write.closed or self._write.broken:
+            await self._close_writer()
+            self._write = await self._connect()
+        return self._write
+
+    async def _close_writer(self) -> None:
+        if self._write is not None:
+            try:
+                await self._write.close()
+            except (psycopg.Error, OSError):
+                pass
+            self._write = None
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "node": self.node,
+            "node_timeout": self.node_timeout,
+            "groups": self._reach[0],
+            "heard": self.heard,
+            "reaped": self.reaped,
+        }
