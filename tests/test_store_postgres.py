@@ -26,7 +26,7 @@ import pytest
 
 import pg
 from test_store_contract import EXT, Model, outcomes_of, promise, put, run, schedule
-from troth.machine.core import handle
+from troth.machine.core import handle, lock_keys
 from troth.machine.internal import Config
 from troth.machine.state import Response
 from troth.protocol import requests as rq
@@ -395,6 +395,41 @@ def test_a_deadlock_is_rerun_and_both_batches_commit(
     assert tags == {"p1": {"by": "p1"}, "p2": {"by": "p2"}}
 
 
+def test_declared_keys_are_locked_in_sorted_order_so_opposite_orders_do_not_deadlock(
+    nodes: Callable[[int], list[PostgresStore]],
+) -> None:
+    """The same two batches as above, but declaring the ids they read (Job.keys, as
+    the engine does from the request): both lock p1 then p2 up front, so the second
+    waits for the first instead of deadlocking, and neither re-runs."""
+    a, b = nodes(2)
+    put(a, promise("p1"), promise("p2"))
+    order: list[str] = []
+    a_in = threading.Event()
+
+    def job(first: str, second: str) -> Callable[[Overlay], str]:
+        def run(tx: Overlay) -> str:
+            assert tx.get_promise(first) is not None
+            if first == "p1":
+                a_in.set()
+                time.sleep(0.3)  # b is started meanwhile and must wait at its prelock
+            assert tx.get_promise(second) is not None
+            tx.set_promise(promise(first, tags={"by": first}))
+            order.append(first)
+            return first
+
+        return run
+
+    keys = ("p2", "p1")  # any order: the store sorts them
+    ta, out_a = in_thread(lambda: a.execute([Job(job("p1", "p2"), 0, keys)]))
+    assert a_in.wait(10)
+    tb, out_b = in_thread(lambda: b.execute([Job(job("p2", "p1"), 0, keys)]))
+    ta.join(20)
+    tb.join(20)
+    assert out_a[0][0].value == "p1" and out_b[0][0].value == "p2"
+    assert order == ["p1", "p2"]
+    assert a.retries == 0 and b.retries == 0
+
+
 def test_reading_a_task_locks_its_promise_first(pg_url: str, store: PostgresStore) -> None:
     put(store, promise("x"), Task("x", "pending", 0))
     with raw(pg_url) as other:
@@ -520,11 +555,16 @@ def b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
 
 
-def test_many_nodes_hitting_the_same_ids(nodes: Callable[[int], list[PostgresStore]]) -> None:
+@pytest.mark.parametrize("declared", [True, False], ids=["keys", "no-keys"])
+def test_many_nodes_hitting_the_same_ids(
+    nodes: Callable[[int], list[PostgresStore]], declared: bool
+) -> None:
     """8 nodes × 200 requests (create, acquire, release, settle, get) over a few ids at a
     time, in random group-commit batches: no error and no 500, and every answer fits
     one serial history: each promise born once, each task version acquired once,
-    every settle answered with the one winning value."""
+    every settle answered with the one winning value.  With the requests' ids
+    declared (as the engine does) and without (locks taken in the machine's order,
+    conflicts resolved by re-runs)."""
     n_nodes, n_requests = 8, 200
     stores = nodes(n_nodes)
     start = threading.Barrier(n_nodes)
@@ -558,7 +598,11 @@ def test_many_nodes_hitting_the_same_ids(nodes: Callable[[int], list[PostgresSto
                 i += 1
             now = 1_000_000 + i
             jobs = [
-                Job(lambda tx, req=req, now=now: handle(tx, req, now, CONFIG, {}), now)
+                Job(
+                    lambda tx, req=req, now=now: handle(tx, req, now, CONFIG, {}),
+                    now,
+                    lock_keys(req) if declared else (),
+                )
                 for _, _, req in batch
             ]
             for (kind, id, _), outcome in zip(batch, stores[k].execute(jobs), strict=True):

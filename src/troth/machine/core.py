@@ -48,6 +48,25 @@ READ_ONLY = frozenset(
 )
 
 
+def lock_keys(req: rq.Req) -> tuple[str, ...]:
+    """The promise ids (a task has its promise's id) a request reads first.
+
+    Known from the request alone, so a store shared between nodes can lock them in
+    sorted order up front (``Job.keys``); rows reached later (a settle's awaiters,
+    a fence's inner create) are locked as the handler reads them.
+    """
+    if isinstance(req, rq.PromiseRegisterCallback):
+        return (req.awaited, req.awaiter)
+    if isinstance(req, rq.PromiseRegisterListener):
+        return (req.awaited,)
+    if isinstance(req, rq.TaskHeartbeat):
+        return tuple(t.id for t in req.tasks)
+    if isinstance(req, rq.ScheduleGet | rq.ScheduleCreate | rq.ScheduleDelete):
+        return ()  # schedule ids are another table's
+    id = getattr(req, "id", None)
+    return (id,) if isinstance(id, str) else ()
+
+
 def handle(tx: Tx, req: rq.Req, now: int, config: Config, head: dict[str, Any]) -> Response:
     """Answer one client request at ``now`` and fire what it enabled."""
     rec = Recorder(tx)

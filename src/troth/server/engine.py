@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from troth.machine.core import handle, tick
+from troth.machine.core import handle, lock_keys, tick
 from troth.machine.internal import Config
 from troth.machine.state import Response
 from troth.protocol import requests as rq
@@ -118,11 +118,11 @@ class Engine:
 
     # -- submitting work --------------------------------------------------------------
 
-    async def run(self, fn: Callable[[Overlay], T], now: int) -> T:
+    async def run(self, fn: Callable[[Overlay], T], now: int, keys: tuple[str, ...] = ()) -> T:
         """Run ``fn`` as one job of a batch; raises what the job raised."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Outcome[T]] = loop.create_future()
-        self._queue.put(_Work(Job(fn, now), None, fut, loop))
+        self._queue.put(_Work(Job(fn, now, keys), None, fut, loop))
         outcome = await fut
         if outcome.error is not None:
             raise outcome.error
@@ -136,7 +136,9 @@ class Engine:
         return await fut
 
     async def request(self, req: rq.Req, now: int, head: dict[str, Any]) -> Response:
-        return await self.run(lambda tx: handle(tx, req, now, self.config, head), now)
+        return await self.run(
+            lambda tx: handle(tx, req, now, self.config, head), now, lock_keys(req)
+        )
 
     async def tick(self, now: int) -> int:
         """Fire every step due at ``now`` until nothing more is due (``debug.tick``)."""
@@ -200,7 +202,7 @@ class Engine:
 
     def _run_batch(self, works: list[_Work]) -> None:
         jobs = [w.job for w in works if w.job is not None]
-        wrapped = [Job(_remembering(j.fn), j.now) for j in jobs]
+        wrapped = [Job(_remembering(j.fn), j.now, j.keys) for j in jobs]
         try:
             outcomes = self.store.execute(wrapped)
         except BaseException as exc:  # the store itself broke: fail the batch

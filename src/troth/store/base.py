@@ -182,10 +182,17 @@ class Overlay:
 
 @dataclass
 class Job(Generic[T]):
-    """One unit of work for :meth:`Store.execute`: ``fn(tx)`` at instant ``now``."""
+    """One unit of work for :meth:`Store.execute`: ``fn(tx)`` at instant ``now``.
+
+    ``keys`` are the promise (and task) ids ``fn`` will read first, when known in
+    advance; a store shared with other writers locks them in sorted order before
+    running the batch, so two batches over the same ids queue instead of
+    deadlocking.  Stores without row locks ignore them.
+    """
 
     fn: Callable[[Overlay], T]
     now: int
+    keys: tuple[str, ...] = ()
 
 
 @dataclass

@@ -137,6 +137,10 @@ _RETRY_SQLSTATES: Final = frozenset({"40001", "40P01", "23505", "55P03"})
 _NUL: Final = "\x00"
 
 
+def _has_nul(texts: Collection[str]) -> bool:
+    return any(_NUL in t for t in texts)
+
+
 class StoreBusy(StoreUnavailable):
     """A batch lost every attempt to concurrent transactions (the jobs get 500)."""
 
@@ -1005,6 +1009,11 @@ class PostgresStore(Store):
         self, jobs: Sequence[Job[Any]], aside: dict[int, BaseException], prelock: Touched | None
     ) -> list[Outcome[Any]]:
         backend = self.begin()
+        if prelock is None:
+            # First attempt: the ids the requests name, in sorted order (Job.keys).
+            keys = {k for i, job in enumerate(jobs) if i not in aside for k in job.keys}
+            if keys and not _has_nul(keys):
+                prelock = {"promises": keys, "tasks": keys, "schedules": set()}
         if prelock is not None:
             try:
                 self._prelock(backend, prelock)
@@ -1072,20 +1081,23 @@ class PostgresStore(Store):
             raise
 
     def _prelock(self, backend: PostgresBackend, prelock: Touched) -> None:
-        """Lock, before a re-run, every row earlier attempts touched.
+        """Lock up front the ids the batch's requests name (first attempt) or every
+        row earlier attempts touched (a re-run).
 
-        Table by table in sorted id order, waiting as long as it takes: every re-run
+        Table by table in sorted id order, waiting as long as it takes: every batch
         takes these locks in the same global order, so no cycle can form among them.
-        Rows the re-run reaches beyond this set are locked as the machine reads them,
+        Rows the batch reaches beyond this set are locked as the machine reads them,
         under the usual ``lock_timeout``; a cycle through one of those ends when that
-        wait times out, and the next attempt locks a larger set up front.
+        wait times out, and the next attempt locks a larger set up front.  One round
+        trip (pipelined).
         """
-        cur = self.cur
-        cur.execute("SET LOCAL lock_timeout = 0")
+        statements: list[tuple[str, Any]] = [("SET LOCAL lock_timeout = 0", None)]
         for table in _TABLES:
             if prelock[table]:
-                cur.execute(_PRELOCK[table], (sorted(prelock[table]),))
-        cur.execute(f"SET LOCAL lock_timeout = {round(self.lock_timeout * 1000)}")
+                statements.append((_PRELOCK[table], (sorted(prelock[table]),)))
+        timeout = f"SET LOCAL lock_timeout = {round(self.lock_timeout * 1000)}"
+        statements.append((timeout, None))
+        _pipelined(self.cur, statements)
         backend.touched = {table: set(prelock[table]) for table in _TABLES}
 
     def run(self, fn: Callable[[Cur], T], *, snapshot: bool = False) -> T:
