@@ -29,14 +29,17 @@ other processes write the same rows at the same time.  How, and why:
   jittered backoff, up to :data:`MAX_ATTEMPTS` times.  No job ever sees those
   errors; only a batch that loses every attempt fails (:class:`StoreBusy`, 500).
   A failed COMMIT is never retried: it may have happened.
-* **Lock order.**  Which rows a batch touches is known only once its jobs ran
-  (a settle reaches the awaiters in its callbacks), so a first attempt locks in the
-  machine's order; two nodes' batches over the same ids can then deadlock.  A first
-  attempt therefore waits at most :data:`LOCK_TIMEOUT` for a lock (PostgreSQL's own
-  ``deadlock_timeout`` is 1 s and only a superuser may lower it), and a re-run
-  first locks every row the earlier attempts touched, per table in sorted id order,
-  without a timeout: re-runs never deadlock one another on those rows, so a
-  contended batch gets through after one or two re-runs instead of losing again.
+* **Lock order.**  A batch first locks, per table in sorted id order and without a
+  timeout, the ids its requests name (``Job.keys``, from ``machine.core.lock_keys``:
+  the promise or task id, a callback's awaited and awaiter, a heartbeat's tasks).
+  Rows reached only while a job runs (a settle's awaiters, a fence's inner create)
+  are locked as the machine reads them, and a wait for one of those is bounded by
+  :data:`LOCK_TIMEOUT` (PostgreSQL's own ``deadlock_timeout`` is 1 s and only a
+  superuser may lower it): any cycle must contain such a wait, so it ends fast.
+  A re-run first locks every row the earlier attempts touched, the same way, so
+  a contended batch gets through after one or two re-runs instead of losing
+  again.  (8 nodes × 200 requests on three hot ids: 5 re-runs with declared ids,
+  84 without — ``tests/test_store_postgres.py``.)
 * **No savepoint per job.**  Each savepoint with writes is a subtransaction, and
   more than 64 in one transaction overflow PostgreSQL's per-backend subxid cache,
   which slows every snapshot on the server.  Group commit's isolation (a failing
