@@ -120,6 +120,8 @@ def test_unicast_is_delivered_by_the_node_holding_the_connection(
     assert row["claimed_by"] == "b"
     assert row["attempts"] == 0  # claimed by b at once, never tried by a
     assert cluster(b).heard > heard_before  # a's commit was announced to b
+    metrics = b.client.get("/metrics").text
+    assert f"troth_cluster_notifications_heard {cluster(b).heard}" in metrics
 
 
 def test_anycast_goes_to_the_preferred_id_then_to_any_node_with_the_group(

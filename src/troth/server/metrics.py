@@ -42,6 +42,18 @@ HELP = {
     "troth_commit_batches_total": ("counter", "Store transactions committed by the writer."),
     "troth_commit_jobs_total": ("counter", "Jobs (requests, timer passes) in those transactions."),
     "troth_timer_passes_total": ("counter", "Timer passes that fired due internal steps."),
+    "troth_store_batch_reruns": (
+        "gauge",
+        "Batches re-run after a conflict with another writer (PostgreSQL), since start.",
+    ),
+    "troth_cluster_notifications_heard": (
+        "gauge",
+        "Commit notifications heard from other nodes, since start.",
+    ),
+    "troth_cluster_claims_reaped": (
+        "gauge",
+        "Outbox claims of dead nodes this node moved to outcome_unknown, since start.",
+    ),
 }
 
 

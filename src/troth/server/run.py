@@ -84,6 +84,10 @@ def build_app(settings: Settings, store: Store | None = None) -> App:
             url=settings.url,
             node_timeout=settings.node_timeout,
         )
+        watched = cluster
+        metrics.gauge("troth_store_batch_reruns", lambda: float(store.retries))
+        metrics.gauge("troth_cluster_notifications_heard", lambda: float(watched.heard))
+        metrics.gauge("troth_cluster_claims_reaped", lambda: float(watched.reaped))
     return App(
         engine,
         settings,
