@@ -13,10 +13,19 @@ middle of them, so these workflows are built to be interrupted:
   ``--sleep`` seconds, then an rpc to ``remote_square``; prints ``napping I``
   before each sleep (again on every replay) and ``nap I -> I*I`` at the end.
   Killing the server during the sleep tests that every step survives a restart.
+* ``swarm``    runs ``--count`` workflows ``swarm`` at once, each = an rpc to
+  ``slow_square(i)``, a durable sleep of ``--sleep`` seconds, then a fan-out of
+  ``--fan`` rpcs ``slow_square(i + 1 .. i + fan)``; prints ``swarming I`` before
+  each sleep and ``swarm I -> i*i + sum((i+j)**2 for j in 1..fan)`` at the end.
+  Many tasks and timers in flight at once: killing one of several nodes mid-run
+  tests that nothing is lost with it.
 
-    python recovery.py worker --url URL --name A [--ttl 2] [--work 3]
+    python recovery.py worker --url URL --name A [--ttl 2] [--work 3] [--log-sse]
     python recovery.py relay  --url URL --id relay-1 [--x 7]
     python recovery.py nap    --url URL --suffix s [--count 3] [--sleep 2]
+    python recovery.py swarm  --url URL --suffix s [--count 3] [--fan 3] [--sleep 2]
+
+``--log-sse`` makes the SDK's SSE listener log its (re)connections on stderr.
 
 Needs Python >= 3.12 and ``pip install resonate-sdk``.
 """
@@ -70,9 +79,18 @@ async def nap(ctx: Context, i: int, seconds: float) -> int:
     return await ctx.options(target="workers").rpc("remote_square", i)
 
 
+async def swarm(ctx: Context, i: int, fan: int, seconds: float) -> int:
+    remote = ctx.options(target="workers")
+    first = await remote.rpc("slow_square", i)
+    say(f"swarming {i}")
+    await ctx.sleep(timedelta(seconds=seconds))
+    futures = [remote.rpc("slow_square", i + j) for j in range(1, fan + 1)]
+    return first + sum([await f for f in futures])
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["worker", "relay", "nap"])
+    ap.add_argument("mode", choices=["worker", "relay", "nap", "swarm"])
     ap.add_argument("--url", required=True)
     ap.add_argument("--name", default="?", help="worker name printed in its lines")
     ap.add_argument("--ttl", type=float, default=60.0, help="lease ttl in seconds")
@@ -83,9 +101,17 @@ async def main() -> None:
     ap.add_argument("--suffix", default="s")
     ap.add_argument("--count", type=int, default=3)
     ap.add_argument("--sleep", type=float, default=2.0)
+    ap.add_argument("--fan", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=60.0)
+    ap.add_argument("--log-sse", action="store_true", help="log SSE (re)connections")
     a = ap.parse_args()
-    logging.basicConfig(level=logging.WARNING)
+    # --log-sse: timestamps too, to line reconnections up with the servers' logs
+    stamped = "%(asctime)s %(levelname)s %(name)s %(message)s"
+    logging.basicConfig(
+        level=logging.WARNING, format=stamped if a.log_sse else logging.BASIC_FORMAT
+    )
+    if a.log_sse:
+        logging.getLogger("resonate.connections.sse").setLevel(logging.INFO)
     global NAME, WORK_SECONDS
     NAME, WORK_SECONDS = a.name, a.work
     ttl = timedelta(seconds=a.ttl)
@@ -105,10 +131,16 @@ async def main() -> None:
     r.register(relay)
     r.register(greet)
     r.register(nap)
+    r.register(swarm)
     try:
         if a.mode == "relay":
             handle = r.run(a.id, relay, a.x)
             say("relay ->", await asyncio.wait_for(handle.result(), a.timeout))
+        elif a.mode == "swarm":
+            args = (a.fan, a.sleep)
+            handles = [r.run(f"swarm-{a.suffix}-{i}", swarm, i, *args) for i in range(a.count)]
+            for i, h in enumerate(handles):
+                say(f"swarm {i} ->", await asyncio.wait_for(h.result(), a.timeout))
         else:
             handles = [r.run(f"nap-{a.suffix}-{i}", nap, i, a.sleep) for i in range(a.count)]
             for i, h in enumerate(handles):

@@ -19,6 +19,7 @@ from troth import PROTOCOL_VERSION
 from troth.machine.state import Response
 from troth.protocol import requests as rq
 from troth.protocol.envelope import EnvelopeError, decode_envelope, encode_response
+from troth.protocol.records import TaskRecord
 from troth.protocol.requests import BadRequest, decode_data
 from troth.server.cluster import Cluster
 from troth.server.config import Settings
@@ -42,6 +43,22 @@ grants = logging.getLogger("troth.grants")
 LEGACY_PREFIXES = ("/promises", "/tasks", "/schedules")
 JSON = [(b"content-type", b"application/json")]
 _json = msgspec.json.Encoder()
+
+
+def log_grant(kind: str, corr: str, response: Response) -> None:
+    """Audit one lease granted (``task.acquire``, or a ``task.create`` that made or
+    took the task for its caller); logged after the commit, before the answer."""
+    data = response.data
+    task = data.get("task") if isinstance(data, dict) else None
+    if isinstance(task, TaskRecord) and task.state == "acquired":
+        grants.info(
+            "acquired task=%s version=%d pid=%s corrId=%s via=%s",
+            task.id,
+            task.version,
+            task.pid,
+            corr,
+            kind,
+        )
 
 
 class BodyTooLarge(Exception):
@@ -216,10 +233,8 @@ class App:
                 started,
             )
             return
-        if response.status == 200 and isinstance(req, rq.TaskAcquire):
-            grants.info(
-                "acquired task=%s version=%d pid=%s corrId=%s", req.id, req.version, req.pid, corr
-            )
+        if response.status == 200 and isinstance(req, rq.TaskAcquire | rq.TaskCreate):
+            log_grant(kind, corr, response)
         await self.answer(send, kind, corr, response.status, response.data, started)
 
     async def answer(
