@@ -63,7 +63,7 @@ class Route:
 class LoadBalancer:
     """Round-robin TCP proxy on ``host``:(free port) in front of ``backends`` (ports)."""
 
-    def __init__(self, backends: Sequence[int], host: str = "127.0.0.1") -> None:
+    def __init__(self, backends: Sequence[int], host: str = "127.0.0.1", port: int = 0) -> None:
         if not backends:
             raise ValueError("a load balancer needs at least one backend")
         self.host = host
@@ -81,7 +81,7 @@ class LoadBalancer:
         self._writers: set[asyncio.StreamWriter] = set()
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._sock.bind((host, 0))
+        self._sock.bind((host, port))  # a fixed port: a balancer (or database) "restarting"
         self.port: int = self._sock.getsockname()[1]
         self.url = f"http://{host}:{self.port}"
 
