@@ -7,24 +7,38 @@ from pathlib import Path
 
 import pytest
 
+import pg
 from support import RunningServer, running_server
 from troth.server.config import Settings
 
-BACKENDS = ["memory", "sqlite"]
+BACKENDS = ["memory", "sqlite", "postgres"]
 
 
 @pytest.fixture(scope="session", params=BACKENDS)
 def shared_server(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[RunningServer]:
+    """One server per backend for the whole session; postgres on a throwaway database
+    (tests/pg.py: created here, dropped at session end; unreachable is an error)."""
     db = Path(tmp_path_factory.mktemp("db")) / "troth.db"
-    settings = Settings(store=request.param, db=str(db), debug=True, access_log=False)
-    with running_server(settings) as server:
-        yield server
+    database = pg.create_database("troth_server") if request.param == "postgres" else None
+    try:
+        settings = Settings(
+            store=request.param,
+            db=str(db),
+            postgres_url=pg.url_of(database) if database else "",
+            debug=True,
+            access_log=False,
+        )
+        with running_server(settings) as server:
+            yield server
+    finally:
+        if database is not None:
+            pg.drop_database(database)
 
 
 @pytest.fixture
 def server(shared_server: RunningServer) -> RunningServer:
-    """A debug server (memory and SQLite) with an empty store and paused loops."""
+    """A debug server (memory, SQLite, PostgreSQL) with an empty store and paused loops."""
     shared_server.reset()
     return shared_server

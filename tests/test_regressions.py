@@ -1,7 +1,7 @@
 """Every divergence the differential tests found, as a named, replayable test.
 
 Each script is the shrunk failing script ``test_differential.py`` printed (tidied by
-hand), replayed with :func:`model.mapping.replay` on both backends: troth's answers
+hand), replayed with :func:`model.mapping.replay` on every backend: troth's answers
 and store must equal the model's after every step, and the catalogue must hold.
 Each docstring says what diverged, what SPEC.md (or docs/protocol.md, where the
 specification leaves the choice to troth) says, and whose bug it was.
@@ -28,7 +28,7 @@ BRANCH = {**TGT, "resonate:branch": "br"}
 EXT = {"resonate:external": "true"}
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
 def store(request: pytest.FixtureRequest) -> str:
     name: str = request.param
     return name

@@ -5,9 +5,9 @@
   catalogue runs against troth's real stores.  troth keeps every outbox row (delivered
   ones too, and a newer message for a key may sit beside an older claimed row); the
   model's outbox is a keyed upsert, so per key the latest row (highest id) is the entry.
-* :class:`Troth` drives a real troth in-process: ``build_app`` with the memory or SQLite
-  store, started on its own event loop thread, called through httpx's ASGI transport —
-  the whole HTTP app (envelope decoding, engine, writer thread, store) without a
+* :class:`Troth` drives a real troth in-process: ``build_app`` with the memory, SQLite or
+  PostgreSQL store, started on its own event loop thread, called through httpx's ASGI
+  transport — the whole HTTP app (envelope decoding, engine, writer thread, store) without a
   socket, because a socket costs about three times as much per call.
 * :class:`Differential` runs one script against troth and the model side by side and,
   after every step, checks that the responses are equal, that the stores are equal,
@@ -31,6 +31,7 @@ from typing import Any, NoReturn
 
 import httpx
 
+import pg
 from model import machine as m
 from model.properties import (
     internal_failures,
@@ -174,19 +175,36 @@ def state_diff(model: m.State, troth: m.State) -> list[str]:
 
 
 class Troth:
-    """A real troth app (debug mode) on its own event loop thread, driven over ASGI."""
+    """A real troth app (debug mode) on its own event loop thread, driven over ASGI.
+
+    PostgreSQL runs on a throwaway database of its own (``tests/pg.py``), created here
+    and dropped by :meth:`close`; ``debug.reset`` empties it (a TRUNCATE) between
+    scripts.
+    """
 
     def __init__(self, store: str) -> None:
         self.store = store
         self.dir = tempfile.TemporaryDirectory(prefix="troth-diff-")
+        self.database = pg.create_database("troth_diff") if store == "postgres" else None
         settings = Settings(
-            store=store, db=str(Path(self.dir.name) / "troth.db"), debug=True, access_log=False
+            store=store,
+            db=str(Path(self.dir.name) / "troth.db"),
+            postgres_url=pg.url_of(self.database) if self.database else "",
+            debug=True,
+            access_log=False,
         )
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
-        self.app = build_app(settings)
-        self._run(self.app.startup())
+        try:
+            self.app = build_app(settings)
+            self._run(self.app.startup())
+        except BaseException:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.dir.cleanup()
+            if self.database is not None:
+                pg.drop_database(self.database)
+            raise
         self.client = httpx.AsyncClient(
             transport=httpx.ASGITransport(app=self.app), base_url="http://troth"
         )
@@ -222,11 +240,15 @@ class Troth:
         return from_snap(self.ok("debug.snap", {}))
 
     def close(self) -> None:
-        self._run(self.client.aclose())
-        self._run(self.app.shutdown())
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-        self.dir.cleanup()
+        try:
+            self._run(self.client.aclose())
+            self._run(self.app.shutdown())
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(10)
+            self.dir.cleanup()
+        finally:
+            if self.database is not None:
+                pg.drop_database(self.database)
 
 
 _troths: dict[str, Troth] = {}
@@ -409,8 +431,8 @@ class Differential:
 
 
 def replay(store: str, ops: Iterable[Op]) -> Differential:
-    """Run a script against troth (``store``: memory or sqlite) and the model; raises
-    :class:`Divergence` at the first difference or failed property."""
+    """Run a script against troth (``store``: memory, sqlite or postgres) and the model;
+    raises :class:`Divergence` at the first difference or failed property."""
     diff = Differential(troth_for(store))
     for op in ops:
         diff.run(op)

@@ -392,7 +392,14 @@ CHANNEL: Final = "troth"
 # risk, so the batch's short lock_timeout is lifted for it.
 _NOTIFY: Final = f"SELECT set_config('lock_timeout', '0', true), pg_notify('{CHANNEL}', %s)"
 
-_RESET: Final = "TRUNCATE promises, tasks, schedules, outbox RESTART IDENTITY"
+# DELETE under an exclusive lock rather than TRUNCATE: same effect for a debug reset,
+# ~2 ms instead of ~45 ms (TRUNCATE makes new files for every table and index), which
+# the test suite pays before every test.
+_RESET: Final = (
+    "LOCK TABLE promises, tasks, schedules, outbox IN ACCESS EXCLUSIVE MODE;"
+    " DELETE FROM outbox; DELETE FROM tasks; DELETE FROM promises; DELETE FROM schedules;"
+    " ALTER TABLE outbox ALTER COLUMN id RESTART"
+)
 
 #: The tables whose rows a batch locks, in the order a re-run locks them.
 _TABLES: Final = ("promises", "tasks", "schedules")
@@ -1135,14 +1142,14 @@ class PostgresStore(Store):
     def reset(self) -> None:
         """Delete every row of every node, and restart outbox ids at 1 (debug only).
 
-        TRUNCATE waits for every other transaction on the tables: no lock_timeout.
+        The lock waits for every other transaction on the tables: no lock_timeout.
         """
 
-        def truncate(cur: Cur) -> None:
+        def delete_all(cur: Cur) -> None:
             cur.execute("SET LOCAL lock_timeout = 0")
-            cur.execute(_RESET)
+            cur.execute(_RESET, prepare=False)
 
-        self.run(truncate)
+        self.run(delete_all)
 
     def snapshot(self) -> dict[str, Any]:
         return self.run(lambda cur: PostgresBackend(cur).snapshot(), snapshot=True)
