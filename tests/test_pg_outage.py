@@ -9,6 +9,7 @@ carries on by itself, and every request it answered 200 is in the database.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -52,7 +53,9 @@ def create(client: httpx.Client, id: str) -> tuple[int, Any]:
     return r.status_code, body["data"]
 
 
-def test_requests_during_an_outage_get_503_and_nothing_acknowledged_is_lost(url: str) -> None:
+def test_requests_during_an_outage_get_503_and_nothing_acknowledged_is_lost(
+    url: str, caplog: pytest.LogCaptureFixture
+) -> None:
     proxy = LoadBalancer([int(conninfo_to_dict(url).get("port") or 5432)]).start()
     port = proxy.port
     settings = Settings(store="postgres", postgres_url=through(url, port), access_log=False)
@@ -93,6 +96,11 @@ def test_requests_during_an_outage_get_503_and_nothing_acknowledged_is_lost(url:
             stop.set()
             writer.join(30)
     proxy.stop()
+
+    # An outage is expected operation: warnings, not errors with tracebacks.
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == []
+    assert any("store unavailable" in r.getMessage() for r in caplog.records)
 
     statuses = set(answers.values())
     assert statuses <= {200, 503}, statuses

@@ -33,6 +33,7 @@ from troth.server.engine import Engine
 from troth.server.metrics import Metrics
 from troth.server.waiting import wait_event
 from troth.store import rows as states
+from troth.store.base import StoreUnavailable
 from troth.store.rows import OutboxLifecycle, OutboxRow, Settlement
 
 log = logging.getLogger("troth.delivery")
@@ -261,6 +262,9 @@ class DeliveryLoop:
                     delay = min(delay, max(due - self.engine.clock(), 0) / 1000)
             except asyncio.CancelledError:
                 raise
+            except StoreUnavailable as exc:  # the database is away: expected, no traceback
+                log.warning("delivery sweep: %s; retrying in 1 s", exc)
+                delay = 1.0
             except Exception:
                 log.exception("delivery sweep failed; retrying in 1 s")
                 delay = 1.0

@@ -29,7 +29,7 @@ from troth.machine.internal import Config
 from troth.machine.state import Response
 from troth.protocol import requests as rq
 from troth.server.waiting import wait_event
-from troth.store.base import Job, Outcome, Overlay, Store
+from troth.store.base import Job, Outcome, Overlay, Store, StoreUnavailable
 from troth.store.memory import earliest_deadline
 
 log = logging.getLogger("troth.engine")
@@ -276,8 +276,11 @@ class Engine:
                         deadline = now + 1000
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                log.exception("timer pass failed; retrying in 1 s")
+            except Exception as exc:
+                if isinstance(exc, StoreUnavailable):  # the database is away: no traceback
+                    log.warning("timer pass: %s; retrying in 1 s", exc)
+                else:
+                    log.exception("timer pass failed; retrying in 1 s")
                 deadline = now = self.clock()
                 deadline += 1000
             self._target = math.inf if deadline is None else deadline

@@ -1115,27 +1115,33 @@ class PostgresStore(Store):
         re-run on conflicts like a batch; ``snapshot`` makes it one REPEATABLE READ view.
         """
         with self.lock:
-            failures = 0
-            while True:
-                self.begin()
-                try:
-                    if snapshot:
-                        self.cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-                    value = fn(self.cur)
-                except Exception as exc:
-                    self.rollback()
-                    failures += 1
-                    if not self._transient(exc) or failures >= self.max_attempts:
-                        raise
-                    self.retries += 1
-                    self._backoff(failures)
-                    continue
-                try:
-                    self.commit()
-                except BaseException:
-                    self.rollback()
+            try:
+                return self._run(fn, snapshot)
+            except psycopg.OperationalError as exc:
+                raise StoreUnavailable(f"postgres unreachable: {exc}") from exc
+
+    def _run(self, fn: Callable[[Cur], T], snapshot: bool) -> T:
+        failures = 0
+        while True:
+            self.begin()
+            try:
+                if snapshot:
+                    self.cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                value = fn(self.cur)
+            except Exception as exc:
+                self.rollback()
+                failures += 1
+                if not self._transient(exc) or failures >= self.max_attempts:
                     raise
-                return value
+                self.retries += 1
+                self._backoff(failures)
+                continue
+            try:
+                self.commit()
+            except BaseException:
+                self.rollback()
+                raise
+            return value
 
     # -- whole-store operations -------------------------------------------------------------
 
