@@ -15,13 +15,19 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import psycopg
 import pytest
 
-from troth.bench import runner, workloads
+from pg import ADMIN_URL
+from troth.bench import peers, runner, workloads
+from troth.bench import pg as bench_pg
 from troth.bench.client import BenchFailure, Client
 from troth.bench.measure import Samples
 from troth.bench.options import WORKLOADS, Options
+from troth.bench.pg import as_uri, url_of
 from troth.bench.profile import summarize
+from troth.bench.report import issue6_lines
+from troth.bench.results import Limits, Result, Series
 from troth.bench.workloads import Ledger
 
 TINY = Options(
@@ -178,3 +184,119 @@ def test_profile_summary_counts_self_and_total_per_thread() -> None:
     assert main.top("self", 5) == [("f (troth/a.py)", 0.75), ("g (troth/a.py)", 0.25)]
     assert dict(main.top("total", 5))["handle (uvicorn/x.py)"] == 1.0
     assert threads["troth-writer"].top("self", 1) == [("commit (troth/store/sqlite.py)", 1.0)]
+
+
+# -- PostgreSQL ------------------------------------------------------------------------
+
+PG_TINY = replace(TINY, store="postgres", postgres_admin=ADMIN_URL, limit_seconds=1)
+
+
+def bench_databases() -> set[str]:
+    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
+        rows = conn.execute("SELECT datname FROM pg_database WHERE datname LIKE 'troth_bench%'")
+        return {r[0] for r in rows.fetchall()}
+
+
+def test_every_workload_runs_tiny_on_postgres_and_verifies(tmp_path: Path) -> None:
+    """One node on a throwaway database: every workload, the PostgreSQL ceilings, a
+    seeded scale point; the databases are gone afterwards."""
+    before = bench_databases()
+    out = io.StringIO()
+    report = runner.run(replace(PG_TINY, dir=str(tmp_path)), out)
+    text = out.getvalue()
+    assert report.ok, text
+    assert [r.name for r in report.results] == list(WORKLOADS)
+    for r in report.results:
+        assert r.checks, r.name
+        assert r.context == "1 node" and f"-- {r.name} (1 node)" in text
+        head = r.line(r.headline)
+        assert head is not None and head.count > 0, (r.name, text)
+        assert r.cpu.database is not None  # PostgreSQL's processes are charged to the run
+    limits = report.limits
+    assert limits.pg_commits and limits.pg_serial and limits.pg_rows
+    assert limits.pg_commit_latency["p50"] > 0
+    assert "raw PostgreSQL, 1 row per commit, 4 connections" in text
+    assert "1-row PostgreSQL commits" in text and "targets of issue 6" in text
+    assert report.scale and report.scale[0].stored == 300 and report.scale[0].db_bytes > 0
+    assert bench_databases() == before
+
+
+def test_two_nodes_share_the_database(tmp_path: Path) -> None:
+    """create-settle over two nodes (clients alternate between them): every promise
+    one node wrote is read back, resolved, through the other's census.  (The run
+    without its limits: those are covered above.)"""
+    import uvloop
+
+    out = io.StringIO()
+    opts = replace(PG_TINY, dir=str(tmp_path), nodes=(2,), workloads=("create-settle",), scale=())
+    bench = runner.Bench(opts, out)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as loop:
+        loop.run(bench.main_run(2))
+    text = out.getvalue()
+    (result,) = bench.report.results
+    assert result.nodes == 2 and result.context == "2 nodes"
+    assert result.checks and "summed over 2 nodes" in text
+    assert result.commits_per_s is not None  # both nodes' counters, summed
+    assert result.cpu.server is not None and result.cpu.server > 0
+
+
+def test_a_missing_peer_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = peers.importlib.import_module
+
+    def without_pgqueuer(name: str, package: str | None = None) -> object:
+        if name == "pgqueuer":
+            raise ImportError("No module named 'pgqueuer'")
+        return real(name, package)
+
+    monkeypatch.setattr(peers.importlib, "import_module", without_pgqueuer)
+    why = peers.missing("pgqueuer")
+    assert why is not None and "pip install 'troth[bench]'" in why
+    # The command refuses (exit 2) before it starts or measures anything.
+    parser = runner.argparse.ArgumentParser()
+    runner.add_bench_flags(parser)
+    args = parser.parse_args(["--store", "postgres", "--peers", "pgqueuer"])
+    assert runner.run_from_args(args) == 2
+
+
+def test_pgqueuer_peer_runs_tiny_and_verifies(tmp_path: Path) -> None:
+    """The peer's harness, when the optional extra is installed (not in CI's install)."""
+    pytest.importorskip("pgqueuer")
+    pytest.importorskip("asyncpg")
+    opts = replace(PG_TINY, warmup=0.2, duration=0.5, peer_jobs=300, peer_batch=50)
+
+    async def both() -> tuple[Result, Result]:
+        one = await peers.single(ADMIN_URL, opts, 4, 1, tmp_path, inflight=4)
+        return one, await peers.batched(ADMIN_URL, opts, tmp_path)
+
+    single, batched = asyncio.run(both())
+    assert single.checks and single.line("jobs").count > 0  # type: ignore[union-attr]
+    assert batched.checks and batched.line("drain").count == 300  # type: ignore[union-attr]
+
+
+def test_issue6_targets_compare_nodes_and_the_peer() -> None:
+    def result(name: str, nodes: int, line: str, count: int) -> Result:
+        return Result(name, line, [Series(line, "x", count, 1.0)], nodes=nodes)
+
+    results = [result("lifecycle", 1, "tasks", 900), result("lifecycle", 2, "tasks", 1500)]
+    peer = Result("pgqueuer single", "jobs", [Series("jobs", "job", 1000, 1.0)], peer="pgqueuer")
+    text = "\n".join(issue6_lines(results, [peer], Limits()))
+    assert "900 tasks/s vs 1,000 jobs/s" in text and "NOT MET" in text
+    assert "1,500 vs 900 tasks/s" in text and text.count(" met") == 1
+
+
+def test_connection_strings_become_uris_for_asyncpg() -> None:
+    url = url_of("postgresql://postgres@127.0.0.1:5432/postgres", "troth_bench_x")
+    assert as_uri(url) == "postgresql://postgres@127.0.0.1:5432/troth_bench_x"
+    assert as_uri("host=/run/pg dbname=a user=u password=p@s") == (
+        "postgresql://u:p%40s@/a?host=%2Frun%2Fpg"
+    )
+
+
+def test_postgres_ceilings_without_pgbench(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where pgbench is not on PATH, a psycopg insert loop measures the same three
+    ceilings, and says so."""
+    monkeypatch.setattr(bench_pg, "find_pgbench", lambda: None)
+    found = bench_pg.postgres_limits(ADMIN_URL, 2, 0.2, tmp_path)
+    assert found["method"] == "psycopg insert loop"
+    assert found["commits"] > 0 and found["serial"] > 0 and found["rows"] > 0
+    assert found["commits_latency"]["p50"] > 0

@@ -17,7 +17,7 @@ import os
 import resource
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -98,6 +98,17 @@ def rss_bytes(pid: int) -> int | None:
     return None
 
 
+def proc_cpu(pid: int) -> float | None:
+    """CPU seconds (user + system) of process ``pid``, every thread; None when gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            text = f.read()
+    except OSError:
+        return None
+    fields = text[text.rfind(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
 def thread_cpu(pid: int) -> dict[int, float]:
     """CPU seconds (user + system) of every thread of ``pid``, by thread id."""
     out: dict[int, float] = {}
@@ -158,14 +169,17 @@ class CpuShare:
     server_other: float | None = None
     generator: float = 0.0
     machine: float | None = None  # every process on the machine, these included
+    #: PostgreSQL's processes working for the run (its backends, WAL writer, …):
+    #: part of the system under test, not noise.  None without PostgreSQL.
+    database: float | None = None
 
     @property
     def elsewhere(self) -> float | None:
-        """Cores busy with something else than the server and the generator: other
-        load on the machine, which the figures of that window suffered from."""
+        """Cores busy with something else than the server, its database and the
+        generator: other load on the machine, which that window's figures suffered from."""
         if self.machine is None or self.server is None:
             return None  # an external server's CPU cannot be told from other load
-        return max(0.0, self.machine - self.server - self.generator)
+        return max(0.0, self.machine - self.server - self.generator - (self.database or 0.0))
 
     @property
     def server(self) -> float | None:
@@ -175,22 +189,35 @@ class CpuShare:
 
 
 Snapshot = Callable[[], Awaitable[dict[str, float]]]
+#: The PostgreSQL processes to charge to the run, asked for at the window's start.
+DbPids = Callable[[], list[int]]
+
+
+def _rss(pids: Sequence[int]) -> int | None:
+    values = [v for v in (rss_bytes(p) for p in pids) if v is not None]
+    return sum(values) if values else None
 
 
 class Probe:
     """Samples CPU (and the server's counters, through ``snapshot``) at the window's
-    edges, and RSS during it (every ``every`` seconds)."""
+    edges, and RSS during it (every ``every`` seconds).
+
+    ``pid`` is the server's, or the list of every node's when several troth processes
+    share the work: their CPU and RSS are summed (event-loop threads apart from the
+    rest), since together they are the server under test."""
 
     def __init__(
         self,
         window: Window,
-        pid: int | None,
+        pid: int | Sequence[int] | None,
         *,
         snapshot: Snapshot | None = None,
         every: float = 0.2,
+        db_pids: DbPids | None = None,
     ) -> None:
         self.window = window
-        self.pid = pid
+        self.pids: list[int] = [] if pid is None else [pid] if isinstance(pid, int) else list(pid)
+        self.db_pids = db_pids
         self.snapshot = snapshot
         self.every = every
         self.cpu = CpuShare()
@@ -214,15 +241,18 @@ class Probe:
     async def _run(self) -> None:
         await asyncio.sleep(max(0.0, self.window.begin - time.perf_counter()))
         before = await self.snapshot() if self.snapshot is not None else {}
+        db = await asyncio.to_thread(self.db_pids) if self.db_pids is not None else []
+        d0 = {p: proc_cpu(p) for p in db}
         t0, g0, m0 = time.perf_counter(), self_cpu(), machine_busy()
-        s0 = thread_cpu(self.pid) if self.pid is not None else {}
+        s0 = {p: thread_cpu(p) for p in self.pids}
         while time.perf_counter() < self.window.end:
-            if self.pid is not None:
-                rss = rss_bytes(self.pid)
-                if rss is not None and (self.rss_max is None or rss > self.rss_max):
-                    self.rss_max = rss
+            rss = _rss(self.pids)
+            if rss is not None and (self.rss_max is None or rss > self.rss_max):
+                self.rss_max = rss
             await asyncio.sleep(min(self.every, max(0.0, self.window.end - time.perf_counter())))
         t1, g1, m1 = time.perf_counter(), self_cpu(), machine_busy()
+        s1 = {p: thread_cpu(p) for p in self.pids}
+        d1 = {p: proc_cpu(p) for p in db}
         after = await self.snapshot() if self.snapshot is not None else {}
         self.snapshots = (before, after)
         seconds = max(t1 - t0, 1e-9)
@@ -230,9 +260,18 @@ class Probe:
         self.cpu.generator = (g1 - g0) / seconds
         if m0 is not None and m1 is not None:
             self.cpu.machine = (m1 - m0) / seconds
-        if self.pid is not None:
-            s1 = thread_cpu(self.pid)
-            loop = s1.get(self.pid, 0.0) - s0.get(self.pid, 0.0)
-            other = sum(v - s0.get(t, 0.0) for t, v in s1.items() if t != self.pid)
+        if self.pids:
+            loop = other = 0.0
+            for p in self.pids:
+                a, b = s0[p], s1[p]
+                loop += b.get(p, 0.0) - a.get(p, 0.0)
+                other += sum(v - a.get(t, 0.0) for t, v in b.items() if t != p)
             self.cpu.server_loop = loop / seconds
             self.cpu.server_other = other / seconds
+        if db:
+            spent = 0.0
+            for p in db:
+                x, y = d0.get(p), d1.get(p)
+                if x is not None and y is not None:
+                    spent += y - x
+            self.cpu.database = spent / seconds

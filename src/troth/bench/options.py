@@ -10,6 +10,7 @@ import argparse
 from dataclasses import dataclass
 
 WORKLOADS = ("create-settle", "lifecycle", "fanout", "reads", "timers", "heartbeat")
+PEERS = ("pgqueuer",)
 
 
 @dataclass(frozen=True)
@@ -19,6 +20,17 @@ class Options:
     url: str | None = None  # target this server instead of starting one
     store: str = "sqlite"
     synchronous: str = "full"
+    #: PostgreSQL database the nodes share (``--store postgres``); None: the bench
+    #: creates a throwaway database on the local cluster and drops it afterwards.
+    postgres_url: str | None = None
+    #: Where throwaway databases are created and dropped (a maintenance database).
+    postgres_admin: str = "postgresql://postgres@127.0.0.1:5432/postgres"
+    nodes: tuple[int, ...] = (1,)  # node counts to run the workloads with (postgres only)
+    peers: tuple[str, ...] = ()  # queues measured on the same database server (postgres)
+    peer_jobs: int = 20_000  # jobs of the batched peer run
+    peer_batch: int = 100  # enqueue and dequeue batch of the batched peer run
+    peer_producers: tuple[int, ...] = ()  # producer counts of the single-job run (--clients)
+    peer_inflight: int = 4  # jobs a single-job producer may have not yet completed
     dir: str | None = None  # where the database (and the raw-SQLite probe) live
     keep: bool = False  # keep the working directory
     clients: int = 64
@@ -50,6 +62,25 @@ def _workloads(text: str) -> tuple[str, ...]:
     return names
 
 
+def _peers(text: str) -> tuple[str, ...]:
+    names = tuple(w.strip() for w in text.split(",") if w.strip())
+    for w in names:
+        if w not in PEERS:
+            raise argparse.ArgumentTypeError(f"unknown peer {w!r}; choose from {PEERS}")
+    return names
+
+
+def _nodes(text: str) -> tuple[int, ...]:
+    """A list of counts >= 1 (``--nodes 1,2``, ``--peer-producers 64,8``)."""
+    try:
+        counts = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"want counts like 1,2, not {text!r}") from None
+    if not counts or any(c < 1 for c in counts):
+        raise argparse.ArgumentTypeError("counts must be >= 1")
+    return counts
+
+
 def _counts(text: str) -> tuple[int, ...]:
     try:
         counts = tuple(int(x.replace("_", "")) for x in text.split(",") if x.strip())
@@ -65,7 +96,46 @@ def _counts(text: str) -> tuple[int, ...]:
 def add_bench_flags(p: argparse.ArgumentParser) -> None:
     d = Options()
     p.add_argument("--url", help="drive this running server instead of starting one")
-    p.add_argument("--store", choices=["sqlite", "memory"], default=d.store)
+    p.add_argument("--store", choices=["sqlite", "memory", "postgres"], default=d.store)
+    p.add_argument(
+        "--postgres-url",
+        help="database the nodes share with --store postgres (default: a throwaway database"
+        " created on postgresql://postgres@127.0.0.1:5432/postgres and dropped afterwards)",
+    )
+    p.add_argument(
+        "--postgres-admin-url",
+        default=d.postgres_admin,
+        help="maintenance database the throwaway databases are created from"
+        f" (default {d.postgres_admin})",
+    )
+    p.add_argument(
+        "--nodes",
+        type=_nodes,
+        default=d.nodes,
+        help="troth processes on the one database (postgres); a list such as 1,2 runs the"
+        " workloads once per count, each on a fresh database",
+    )
+    p.add_argument(
+        "--peers",
+        type=_peers,
+        default=d.peers,
+        help=f"also measure these queues on the same PostgreSQL server: {','.join(PEERS)}"
+        " (needs: pip install 'troth[bench]')",
+    )
+    p.add_argument("--peer-jobs", type=int, default=d.peer_jobs, help="batched peer jobs (20000)")
+    p.add_argument("--peer-batch", type=int, default=d.peer_batch, help="peer batch size (100)")
+    p.add_argument(
+        "--peer-producers",
+        type=_nodes,
+        default=d.peer_producers,
+        help="producer counts of the single-job peer run, e.g. 64,8,1 (default: --clients)",
+    )
+    p.add_argument(
+        "--peer-inflight",
+        type=int,
+        default=d.peer_inflight,
+        help="jobs each single-job producer may have enqueued and not yet completed (4)",
+    )
     p.add_argument("--synchronous", choices=["full", "normal"], default=d.synchronous)
     p.add_argument("--dir", help="working directory for the database (default: a new temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the working directory")
@@ -119,6 +189,14 @@ def options_from(args: argparse.Namespace) -> Options:
         url=args.url,
         store=args.store,
         synchronous=args.synchronous,
+        postgres_url=args.postgres_url,
+        postgres_admin=args.postgres_admin_url,
+        nodes=args.nodes,
+        peers=args.peers,
+        peer_jobs=args.peer_jobs,
+        peer_batch=args.peer_batch,
+        peer_producers=args.peer_producers,
+        peer_inflight=args.peer_inflight,
         dir=args.dir,
         keep=args.keep,
         clients=args.clients,
@@ -141,3 +219,17 @@ def options_from(args: argparse.Namespace) -> Options:
         op_timeout=args.op_timeout,
         wait_quiet=args.wait_quiet,
     )
+
+
+def problems(opts: Options) -> list[str]:
+    """Combinations of flags that cannot be honoured (the command exits 2 on them)."""
+    out = []
+    if opts.nodes != (1,) and opts.store != "postgres":
+        out.append("--nodes needs --store postgres (only PostgreSQL is shared by processes)")
+    if opts.postgres_url and opts.store != "postgres" and not opts.peers:
+        out.append("--postgres-url is for --store postgres (or --peers)")
+    if opts.url and (opts.nodes != (1,) or (opts.scale and opts.store == "postgres")):
+        out.append("--url drives one running server: no --nodes, no postgres --scale")
+    if opts.peer_batch < 1 or opts.peer_jobs < 1 or opts.peer_inflight < 1:
+        out.append("--peer-batch, --peer-jobs and --peer-inflight must be >= 1")
+    return out

@@ -51,8 +51,15 @@ class ServerProcess:
         synchronous: str,
         store: str = "sqlite",
         extra: list[str] | None = None,
+        postgres_url: str | None = None,
     ) -> ServerProcess:
+        """``troth serve`` on SQLite file ``db``, or (``postgres_url``) on PostgreSQL."""
         port = free_port()
+        where = (
+            ["--store", "postgres", "--postgres-url", postgres_url]
+            if postgres_url is not None
+            else ["--store", store, "--db", str(db), "--synchronous", synchronous]
+        )
         argv = [
             sys.executable,
             "-m",
@@ -62,12 +69,7 @@ class ServerProcess:
             "127.0.0.1",
             "--port",
             str(port),
-            "--store",
-            store,
-            "--db",
-            str(db),
-            "--synchronous",
-            synchronous,
+            *where,
             # The access log is an INFO line per request on logger troth.access: at
             # warning it is filtered before any formatting.
             "--log-level",

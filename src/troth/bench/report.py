@@ -1,5 +1,6 @@
 """Tables: the settings in force, the limits, one section per workload, the summary,
-the scale comparison and the targets of issue 5, all as plain text."""
+the scale comparison, the peers, and the targets (issue 5 on SQLite, issue 6 on
+PostgreSQL), all as plain text."""
 
 from __future__ import annotations
 
@@ -68,28 +69,66 @@ def series_rows(series: Sequence[Series]) -> list[list[str]]:
 
 
 def limits_lines(limits: Limits, synchronous: str) -> list[str]:
-    q = limits.sqlite_commit_latency
     http = limits.http
-    rows = [
-        [
-            "raw SQLite, 1 row per durable commit",
-            "",
-            f"{limits.sqlite_commits:,.0f} commits/s" if limits.sqlite_commits else "-",
-            ms(q.get("p50")),
-            ms(q.get("p90")),
-            ms(q.get("p99")),
-            ms(q.get("max")),
-        ],
-        [
-            "raw SQLite, 100 rows per commit",
-            "",
-            f"{limits.sqlite_rows:,.0f} rows/s" if limits.sqlite_rows else "-",
-            "",
-            "",
-            "",
-            "",
-        ],
-    ]
+    if limits.pg_method:
+        q, one = limits.pg_commit_latency, limits.pg_serial_latency
+        n = limits.pg_clients
+        rows = [
+            [
+                f"raw PostgreSQL, 1 row per commit, {n} connections",
+                "",
+                f"{limits.pg_commits:,.0f} commits/s" if limits.pg_commits else "-",
+                ms(q.get("p50")),
+                ms(q.get("p90")),
+                ms(q.get("p99")),
+                ms(q.get("max")),
+            ],
+            [
+                "raw PostgreSQL, 1 row per commit, 1 connection",
+                "",
+                f"{limits.pg_serial:,.0f} commits/s" if limits.pg_serial else "-",
+                ms(one.get("p50")),
+                ms(one.get("p90")),
+                ms(one.get("p99")),
+                ms(one.get("max")),
+            ],
+            [
+                "raw PostgreSQL, 100 rows per commit, 1 connection",
+                "",
+                f"{limits.pg_rows:,.0f} rows/s" if limits.pg_rows else "-",
+                "",
+                "",
+                "",
+                "",
+            ],
+        ]
+        title = (
+            "limits (same machine, same PostgreSQL server, a throwaway database;"
+            f" {limits.pg_method}, promise-sized rows)"
+        )
+    else:
+        q = limits.sqlite_commit_latency
+        rows = [
+            [
+                "raw SQLite, 1 row per durable commit",
+                "",
+                f"{limits.sqlite_commits:,.0f} commits/s" if limits.sqlite_commits else "-",
+                ms(q.get("p50")),
+                ms(q.get("p90")),
+                ms(q.get("p99")),
+                ms(q.get("max")),
+            ],
+            [
+                "raw SQLite, 100 rows per commit",
+                "",
+                f"{limits.sqlite_rows:,.0f} rows/s" if limits.sqlite_rows else "-",
+                "",
+                "",
+                "",
+                "",
+            ],
+        ]
+        title = f"limits (same machine and file system, synchronous={synchronous.upper()})"
     if http is not None:
         h = http.latency
         rows.append(
@@ -103,7 +142,7 @@ def limits_lines(limits: Limits, synchronous: str) -> list[str]:
                 ms(h.get("max")),
             ]
         )
-    lines = [f"limits (same machine and file system, synchronous={synchronous.upper()})"]
+    lines = [title]
     lines += table(["ceiling", "", "rate", "p50 ms", "p90 ms", "p99 ms", "max ms"], rows)
     if http is not None:
         c = limits.http_cpu
@@ -114,6 +153,13 @@ def limits_lines(limits: Limits, synchronous: str) -> list[str]:
         )
         lines.extend(noise(c))
     return lines
+
+
+def store_words(limits: Limits) -> tuple[str, str]:
+    """How the one-row and 100-row ceilings are called in the ratio lines."""
+    if limits.pg_method:
+        return "1-row PostgreSQL commits", "100-row PostgreSQL rows"
+    return "1-row SQLite commits", "100-row SQLite rows"
 
 
 def noise(c: CpuShare) -> list[str]:
@@ -128,14 +174,43 @@ def cores(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f} cores"
 
 
-def headline_rate(r: Result) -> float | None:
+def headline_line(r: Result) -> Series | None:
+    """The line troth's figures are compared with the limits on: requests (or the
+    one request kind a workload sends), or a peer's headline."""
+    if r.peer:
+        return r.line(r.headline)
     if r.name == "heartbeat":
-        s = r.line("task.heartbeat")
-    elif r.name == "reads":
-        s = r.line("promise.get")
-    else:
-        s = r.line("requests")
+        return r.line("task.heartbeat")
+    if r.name == "reads":
+        return r.line("promise.get")
+    return r.line("requests")
+
+
+def headline_rate(r: Result) -> float | None:
+    s = headline_line(r)
     return None if s is None else s.rate
+
+
+def cpu_line(r: Result) -> str:
+    c = r.cpu
+    if r.peer:
+        cpu = f"  consumer CPU {cores(c.server)} (its own process)"
+    elif r.nodes > 1:
+        cpu = f"  server CPU {cores(c.server)} summed over {r.nodes} nodes"
+        if c.server is not None:
+            cpu += f" (event loops {c.server_loop:.2f}, writers and others {c.server_other:.2f})"
+    else:
+        cpu = f"  server CPU {cores(c.server)}"
+        if c.server is not None:
+            cpu += f" (event loop {c.server_loop:.2f}, writer and others {c.server_other:.2f})"
+    if c.database is not None:
+        cpu += f" · PostgreSQL {cores(c.database)}"
+    cpu += f" · {'producers' if r.peer else 'generator'} {cores(c.generator)}"
+    if c.generator >= 0.9:
+        cpu += " (SATURATED: figures bound the generator)"
+    if r.rss_max is not None or not r.peer:
+        cpu += f" · {'consumer' if r.peer else 'server'} RSS max {mb(r.rss_max)}"
+    return cpu
 
 
 def result_lines(r: Result, limits: Limits) -> list[str]:
@@ -144,29 +219,24 @@ def result_lines(r: Result, limits: Limits) -> list[str]:
     lines += table(
         ["line", "done", "rate", "p50 ms", "p90 ms", "p99 ms", "max ms"], series_rows(r.series)
     )
-    c = r.cpu
-    cpu = f"  server CPU {cores(c.server)}"
-    if c.server is not None:
-        cpu += f" (event loop {c.server_loop:.2f}, writer and others {c.server_other:.2f})"
-    cpu += f" · generator {cores(c.generator)}"
-    if c.generator >= 0.9:
-        cpu += " (SATURATED: figures bound the generator)"
-    cpu += f" · server RSS max {mb(r.rss_max)}"
-    lines.append(cpu)
-    lines.extend(noise(c))
+    lines.append(cpu_line(r))
+    lines.extend(noise(r.cpu))
     if r.commits_per_s is not None:
         lines.append(
             f"  group commit: {r.commits_per_s:,.0f} request transactions/s,"
             f" {r.jobs_per_commit:.1f} requests per transaction"
+            + (f" (all {r.nodes} nodes)" if r.nodes > 1 else "")
         )
     req = headline_rate(r)
     http = limits.http.rate if limits.http else None
-    parts = [f"{ratio(req, http)} bare HTTP"]
-    if r.name in WRITES:
-        parts.append(f"{ratio(req, limits.sqlite_commits)} 1-row SQLite commits")
-        parts.append(f"{ratio(req, limits.sqlite_rows)} 100-row SQLite rows")
-    if req is not None:
-        lines.append("  requests/s vs limits: " + " · ".join(parts))
+    one, hundred = store_words(limits)
+    parts = [] if r.peer else [f"{ratio(req, http)} bare HTTP"]
+    if r.name in WRITES or r.peer:
+        parts.append(f"{ratio(req, limits.one_row)} {one}")
+        parts.append(f"{ratio(req, limits.batched_rows)} {hundred}")
+    if req is not None and parts:
+        what = "jobs/s" if r.peer else "requests/s"
+        lines.append(f"  {what} vs limits: " + " · ".join(parts))
     for check in r.checks:
         lines.append(f"  verified: {check}")
     for note in r.notes:
@@ -177,34 +247,41 @@ def result_lines(r: Result, limits: Limits) -> list[str]:
 def summary_lines(results: Sequence[Result], limits: Limits) -> list[str]:
     rows = []
     http = limits.http.rate if limits.http else None
+    with_db = any(r.cpu.database is not None for r in results)
     for r in results:
         for s in r.series:
             if s.name in ("promise.create", "promise.settle") or s.name.startswith("leases"):
                 continue
             q = s.latency
-            is_head = s.rate is not None and s.rate == headline_rate(r)
-            rows.append(
-                [
-                    r.name,
-                    s.name,
-                    rate(s),
-                    ms(q.get("p50")),
-                    ms(q.get("p99")),
-                    ms(q.get("max")),
-                    ratio(s.rate, http) if is_head else "",
-                    ratio(s.rate, limits.sqlite_commits) if is_head and r.name in WRITES else "",
-                    ratio(s.rate, limits.sqlite_rows) if is_head and r.name in WRITES else "",
-                    cores(r.cpu.server).replace(" cores", "") if s is r.series[0] else "",
-                    f"{r.cpu.generator:.2f}" if s is r.series[0] else "",
-                    cores(r.cpu.elsewhere).replace(" cores", "") if s is r.series[0] else "",
-                ]
-            )
+            is_head = s.rate is not None and s is headline_line(r)
+            writes = is_head and (r.name in WRITES or bool(r.peer))
+            first = s is r.series[0]
+            row = [
+                f"{r.name} ({r.context})" if r.context else r.name,
+                s.name,
+                rate(s),
+                ms(q.get("p50")),
+                ms(q.get("p99")),
+                ms(q.get("max")),
+                ratio(s.rate, http) if is_head and not r.peer else "",
+                ratio(s.rate, limits.one_row) if writes else "",
+                ratio(s.rate, limits.batched_rows) if writes else "",
+                cores(r.cpu.server).replace(" cores", "") if first else "",
+            ]
+            if with_db:
+                db = r.cpu.database
+                row.append(f"{db:.2f}" if first and db is not None else "")
+            row += [
+                f"{r.cpu.generator:.2f}" if first else "",
+                cores(r.cpu.elsewhere).replace(" cores", "") if first else "",
+            ]
+            rows.append(row)
     head = ["workload", "line", "rate", "p50 ms", "p99 ms", "max ms", "xHTTP", "x1-row", "x100-row"]
-    head += ["srv CPU", "gen CPU", "other"]
-    return [
-        "summary (CPU in cores over the window; other = busy outside the bench: noise)",
-        *table(head, rows),
-    ]
+    head += ["srv CPU", *(["pg CPU"] if with_db else []), "gen CPU", "other"]
+    note = "summary (CPU in cores over the window; other = busy outside the bench: noise"
+    if with_db:
+        note += "; pg = PostgreSQL's processes for the run; a peer's srv = its consumer"
+    return [note + ")", *table(head, rows)]
 
 
 def scale_lines(points: Sequence[ScalePoint]) -> list[str]:
@@ -292,3 +369,52 @@ def target_lines(
     where = f"{cpus} CPUs, synchronous={synchronous.upper()}, {clients} clients"
     title = f"targets of issue 5 (stated for 2 cores, FULL, 64 clients; this run: {where})"
     return [title, *table(["target", "this run", ""], rows)]
+
+
+def issue6_lines(results: Sequence[Result], peers: Sequence[Result], limits: Limits) -> list[str]:
+    """The targets of issue 6: troth's lifecycle on one node at least PgQueuer's
+    single-job end-to-end rate, and two nodes faster than one."""
+
+    def rate_of(name: str, nodes: int, line: str) -> float | None:
+        for r in results:
+            if r.name == name and r.nodes == nodes and (s := r.line(line)) is not None:
+                return s.rate
+        return None
+
+    rows: list[list[str]] = []
+
+    def add(target: str, value: str, met: bool | None) -> None:
+        rows.append([target, value, "-" if met is None else "met" if met else "NOT MET"])
+
+    one = rate_of("lifecycle", 1, "tasks")
+    two = rate_of("lifecycle", 2, "tasks")
+    singles = [
+        (s.rate, r.context)
+        for r in peers
+        if r.name == "pgqueuer single" and (s := r.line("jobs")) is not None and s.rate
+    ]
+    best = max(singles, default=None)
+    if one is not None and best is not None:
+        add(
+            "lifecycle on 1 node >= PgQueuer single-job rate",
+            f"{one:,.0f} tasks/s vs {best[0]:,.0f} jobs/s ({best[1]}, best measured)",
+            one >= best[0],
+        )
+    else:
+        add(
+            "lifecycle on 1 node >= PgQueuer single-job rate",
+            "not measured (--store postgres --nodes 1 --peers pgqueuer)",
+            None,
+        )
+    if one is not None and two is not None:
+        add("lifecycle: 2 nodes faster than 1", f"{two:,.0f} vs {one:,.0f} tasks/s", two > one)
+    else:
+        add("lifecycle: 2 nodes faster than 1", "not measured (--nodes 1,2)", None)
+    cs1 = rate_of("create-settle", 1, "requests")
+    cs2 = rate_of("create-settle", 2, "requests")
+    if cs1 is not None and cs2 is not None:
+        add("create-settle: 2 nodes faster than 1", f"{cs2:,.0f} vs {cs1:,.0f} req/s", cs2 > cs1)
+    title = "targets of issue 6 (PostgreSQL"
+    if limits.pg_commits:
+        title += f"; raw 1-row commits in this run: {limits.pg_commits:,.0f}/s"
+    return [title + ")", *table(["target", "this run", ""], rows)]

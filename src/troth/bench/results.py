@@ -44,7 +44,9 @@ class Result:
     jobs_per_commit: float | None = None
     checks: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    context: str = ""  # e.g. "1,000,000 stored" in a scale run
+    context: str = ""  # e.g. "1,000,000 stored" in a scale run, "2 nodes" on postgres
+    nodes: int = 1  # troth processes the figures are summed over
+    peer: str = ""  # not troth: the peer measured in the same run (e.g. "pgqueuer")
 
     def line(self, name: str) -> Series | None:
         for s in self.series:
@@ -70,6 +72,24 @@ class Limits:
     sqlite_rows: float | None = None  # rows per second in 100-row transactions
     http: Series | None = None  # the bare round trip
     http_cpu: CpuShare = field(default_factory=CpuShare)
+    # PostgreSQL (--store postgres): the same server, a throwaway database.
+    pg_method: str | None = None  # "pgbench" or the psycopg fallback
+    pg_clients: int = 0  # connections of the one-row probe (the run's --clients)
+    pg_commits: float | None = None  # one-row transactions/s on pg_clients connections
+    pg_commit_latency: dict[str, float] = field(default_factory=dict)
+    pg_serial: float | None = None  # one-row transactions/s on one connection
+    pg_serial_latency: dict[str, float] = field(default_factory=dict)
+    pg_rows: float | None = None  # rows/s in 100-row transactions, one connection
+
+    @property
+    def one_row(self) -> float | None:
+        """The one-row durable commit ceiling of the store under test."""
+        return self.pg_commits if self.pg_method else self.sqlite_commits
+
+    @property
+    def batched_rows(self) -> float | None:
+        """The 100-rows-per-commit ceiling of the store under test."""
+        return self.pg_rows if self.pg_method else self.sqlite_rows
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)

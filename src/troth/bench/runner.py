@@ -26,14 +26,26 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, TextIO
 
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+
 from troth.bench.client import BenchFailure, Client
 from troth.bench.http import split_url
 from troth.bench.limits import http_limit, sqlite_limits
-from troth.bench.measure import rss_bytes, wait_quiet
-from troth.bench.options import Options, add_bench_flags, options_from
+from troth.bench.measure import DbPids, rss_bytes, wait_quiet
+from troth.bench.options import Options, add_bench_flags, options_from, problems
+from troth.bench.pg import (
+    backend_pids,
+    database_size,
+    dbname_of,
+    postgres_limits,
+    server_version,
+    throwaway,
+)
 from troth.bench.procs import ServerProcess
 from troth.bench.profile import Profiler, render
 from troth.bench.report import (
+    issue6_lines,
     limits_lines,
     mb,
     result_lines,
@@ -42,7 +54,7 @@ from troth.bench.report import (
     target_lines,
 )
 from troth.bench.results import Limits, Result, ScalePoint
-from troth.bench.seed import SeedIds, seed
+from troth.bench.seed import SeedIds, seed, seed_postgres
 from troth.bench.workloads import RUNNERS, Ctx, reads_of
 
 
@@ -54,6 +66,7 @@ class Report:
     limits: Limits = field(default_factory=Limits)
     results: list[Result] = field(default_factory=list)
     scale: list[ScalePoint] = field(default_factory=list)
+    peers: list[Result] = field(default_factory=list)  # the peer queues (--peers)
     rss_at_rest: int | None = None
     rss_after: int | None = None
     ok: bool = True
@@ -65,6 +78,7 @@ class Report:
             "limits": self.limits.to_json(),
             "results": [r.to_json() for r in self.results],
             "scale": [p.to_json() for p in self.scale],
+            "peers": [r.to_json() for r in self.peers],
             "rss_at_rest": self.rss_at_rest,
             "rss_after": self.rss_after,
             "ok": self.ok,
@@ -113,6 +127,15 @@ def describe(opts: Options, workdir: Path) -> dict[str, Any]:
     server = Settings()
     dispatch = DispatchConfig()
     sqlite_off = bool(opts.url) or opts.store != "sqlite"  # unknown, or no SQLite
+    postgres = "-"
+    if opts.store == "postgres" or opts.peers:
+        try:
+            postgres = server_version(opts.postgres_url or opts.postgres_admin)
+        except (RuntimeError, psycopg.Error) as exc:
+            postgres = f"unreachable ({exc})"
+        postgres += " at " + _where(opts.postgres_url or opts.postgres_admin)
+        if opts.postgres_url is None:
+            postgres += "; a throwaway database per run, dropped after"
     return {
         "troth": _version("troth"),
         "python": f"{platform.python_implementation()} {platform.python_version()}",
@@ -140,30 +163,50 @@ def describe(opts: Options, workdir: Path) -> dict[str, Any]:
         "warmup_s": opts.warmup,
         "window_s": opts.duration,
         "generator": "1 process, uvloop, raw HTTP/1.1 keep-alive (httptools)",
+        "postgres": postgres,
+        "nodes": list(opts.nodes) if opts.store == "postgres" else [1],
+        "peers": list(opts.peers),
     }
 
 
+def _where(url: str) -> str:
+    """host:port/dbname of a connection string, without any password."""
+    params = conninfo_to_dict(url)
+    host = params.get("host") or "localhost"
+    return f"{host}:{params.get('port') or 5432}/{params.get('dbname') or ''}"
+
+
 def settings_lines(s: dict[str, Any]) -> list[str]:
-    return [
+    nodes = ",".join(str(n) for n in s.get("nodes", [1]))
+    server = (
+        f"  server:   {s['target']}; store={s['store']} synchronous={s['synchronous']} "
+        f"journal={s['journal']}; group commit <= {s['group_commit_max_jobs']} requests per "
+        f"transaction; dispatch batch {s['dispatch_batch']}, concurrency "
+        f"{s['dispatch_concurrency']}; retry_timeout {s['retry_timeout_ms']} ms; "
+        f"access log {s['access_log']}"
+    )
+    if s["store"] == "postgres":
+        server += f"; nodes {nodes} (clients and SSE workers spread round robin)"
+    lines = [
         "troth bench",
         f"  software: troth {s['troth']} · {s['python']} · uvicorn {s['uvicorn']} "
         f"(uvloop {s['uvloop']}, httptools {s['httptools']}) · msgspec {s['msgspec']} "
         f"· SQLite {s['sqlite']}",
         f"  machine:  {s['cpus']} CPUs ({s['cpu_model']}), Linux {s['kernel']}",
         f"  storage:  {s['filesystem']}; work dir {s['workdir']}",
-        f"  server:   {s['target']}; store={s['store']} synchronous={s['synchronous']} "
-        f"journal={s['journal']}; group commit <= {s['group_commit_max_jobs']} requests per "
-        f"transaction; dispatch batch {s['dispatch_batch']}, concurrency "
-        f"{s['dispatch_concurrency']}; retry_timeout {s['retry_timeout_ms']} ms; "
-        f"access log {s['access_log']}",
+        server,
         f"  load:     {s['clients']} clients, {s['sse_workers']} SSE workers; "
         f"warm-up {s['warmup_s']:g} s, window {s['window_s']:g} s per workload; "
         f"generator {s['generator']}",
     ]
+    if s.get("postgres", "-") != "-":
+        lines.insert(4, f"  database: {s['postgres']}")
+    return lines
 
 
 class Bench:
-    """One run: owns the working directory, the servers it starts and the output."""
+    """One run: owns the working directory, the servers and databases it starts, the
+    output."""
 
     def __init__(self, opts: Options, out: TextIO) -> None:
         self.opts = opts
@@ -172,6 +215,9 @@ class Bench:
         self.workdir = Path(opts.dir or tempfile.mkdtemp(prefix="troth-bench-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.run_id = "b" + secrets.token_hex(3)
+        #: Where throwaway databases are created (the given database's server, or the
+        #: local cluster): the probes, the peers, and the runs without --postgres-url.
+        self.pg_base = opts.postgres_url or opts.postgres_admin
         self.report = Report(describe(opts, self.workdir))
 
     def say(self, *lines: str) -> None:
@@ -193,23 +239,40 @@ class Bench:
         self.say(*settings_lines(self.report.settings), "")
         limits = self.report.limits
         await self.quiet("the limits")
-        await asyncio.to_thread(
-            sqlite_limits, self.workdir, opts.synchronous, opts.limit_seconds, limits
-        )
+        if opts.store == "postgres":
+            try:
+                await self.postgres_limits()
+            except (RuntimeError, psycopg.Error) as exc:  # no server, or pgbench failed
+                self.report.ok = False
+                self.report.failure = str(exc)
+                self.say(f"BENCH FAILED: {exc}")
+                return self.report
+        else:
+            await asyncio.to_thread(
+                sqlite_limits, self.workdir, opts.synchronous, opts.limit_seconds, limits
+            )
         await self.quiet("the bare HTTP round trip")
         await http_limit(self.workdir, opts.clients, opts.limit_seconds, limits)
         self.say(*limits_lines(limits, opts.synchronous), "")
         try:
             if opts.workloads:
-                await self.main_run()
+                if opts.store == "postgres" and not opts.url:
+                    for n in opts.nodes:
+                        await self.main_run(n)
+                else:
+                    await self.main_run()
             for count in opts.scale:
                 self.report.scale.append(await self.scale_point(count))
+            for peer in opts.peers:
+                await self.peer(peer)
         except BenchFailure as exc:
             self.report.ok = False
             self.report.failure = str(exc)
             self.say("", f"BENCH FAILED: {exc}")
+        everything = self.report.results + self.report.peers
+        if everything:
+            self.say(*summary_lines(everything, limits), "")
         if self.report.results:
-            self.say(*summary_lines(self.report.results, limits), "")
             self.say(
                 f"server RSS at rest {mb(self.report.rss_at_rest)},"
                 f" after the workloads {mb(self.report.rss_after)}",
@@ -217,65 +280,150 @@ class Bench:
             )
         if self.report.scale:
             self.say(*scale_lines(self.report.scale), "")
-        self.say(
-            *target_lines(
-                self.report.results,
-                self.report.scale,
-                self.report.settings["cpus"],
-                opts.synchronous,
-                opts.clients,
+        if opts.store == "postgres" or opts.peers:
+            self.say(*issue6_lines(self.report.results, self.report.peers, limits))
+        else:
+            self.say(
+                *target_lines(
+                    self.report.results,
+                    self.report.scale,
+                    self.report.settings["cpus"],
+                    opts.synchronous,
+                    opts.clients,
+                )
             )
-        )
         if opts.json:
             Path(opts.json).write_text(json.dumps(self.report.to_json(), indent=2))
         return self.report
 
-    async def main_run(self) -> None:
+    async def postgres_limits(self) -> None:
+        """Raw durable commits on the same PostgreSQL server (see :mod:`troth.bench.pg`)."""
+        limits = self.report.limits
+        found = await asyncio.to_thread(
+            postgres_limits, self.pg_base, self.opts.clients, self.opts.limit_seconds, self.workdir
+        )
+        limits.pg_method = found["method"]
+        limits.pg_clients = self.opts.clients
+        limits.pg_commits = found["commits"]
+        limits.pg_commit_latency = found["commits_latency"]
+        limits.pg_serial = found["serial"]
+        limits.pg_serial_latency = found["serial_latency"]
+        limits.pg_rows = found["rows"]
+
+    async def main_run(self, nodes: int = 1) -> None:
+        """The workloads on one server, or on ``nodes`` servers sharing a PostgreSQL
+        database (a fresh throwaway one unless --postgres-url named one)."""
         opts = self.opts
-        server: ServerProcess | None = None
         if opts.url:
             host, port = split_url(opts.url)
-        else:
+            results = await self.workloads(host, port, None, opts, self.run_id, None)
+            self.report.results.extend(results)
+            return
+        if opts.store != "postgres":
             server = ServerProcess.troth(
                 self.workdir,
                 self.workdir / "troth.db",
                 synchronous=opts.synchronous,
                 store=opts.store,
             )
-            await server.start()
-            host, port = "127.0.0.1", server.port
+            await self.on_servers([server], None, self.run_id, "")
+            return
+        label = f"{nodes} node" + ("s" if nodes > 1 else "")
+        run = f"{self.run_id}n{nodes}"
+        if opts.postgres_url:
+            await self.on_database(opts.postgres_url, nodes, run, label)
+        else:
+            with throwaway(self.pg_base) as url:
+                await self.on_database(url, nodes, run, label)
+
+    async def on_database(self, url: str, nodes: int, run: str, label: str) -> None:
+        self.say(f"{label} on PostgreSQL database {_where(url)}", "")
+        servers = [
+            ServerProcess.troth(
+                self.workdir / f"{run}-node{k}",
+                self.workdir / "unused.db",
+                synchronous=self.opts.synchronous,
+                postgres_url=url,
+            )
+            for k in range(nodes)
+        ]
+        await self.on_servers(servers, url, run, label if self.opts.store == "postgres" else "")
+
+    async def on_servers(
+        self, servers: list[ServerProcess], url: str | None, run: str, label: str
+    ) -> None:
+        """Start ``servers`` (the first alone: it creates or upgrades the schema), run
+        the workloads spread over them, stop them."""
         try:
-            pid = server.pid if server else None
-            self.report.rss_at_rest = rss_bytes(pid) if pid else None
-            results = await self.workloads(host, port, pid, opts, self.run_id, server)
+            await servers[0].start()
+            await asyncio.gather(*(s.start() for s in servers[1:]))
+            pids = [s.pid for s in servers]
+            nodes = [("127.0.0.1", s.port) for s in servers]
+            at_rest = [rss_bytes(pid) for pid in pids]
+            self.report.rss_at_rest = sum(v for v in at_rest if v) or None
+            db_pids = self.db_pids(url) if url else None
+            results = await self.workloads(
+                "127.0.0.1",
+                servers[0].port,
+                pids[0] if len(pids) == 1 else pids,
+                self.opts,
+                run,
+                servers,
+                context=label,
+                nodes=nodes,
+                db_pids=db_pids,
+            )
             self.report.results.extend(results)
-            self.report.rss_after = rss_bytes(pid) if pid else None
+            after = [rss_bytes(pid) for pid in pids]
+            self.report.rss_after = sum(v for v in after if v) or None
         finally:
-            if server is not None:
-                code = server.stop()
+            codes = [s.stop() for s in servers]
+            for server, code in zip(servers, codes, strict=True):
                 if code != 0 and self.report.ok:
                     raise BenchFailure(f"server exited with {code}: {server.tail()}")
+
+    def db_pids(self, url: str) -> DbPids:
+        """PostgreSQL's processes working for database ``url`` (charged to the run)."""
+        base, name = self.pg_base, dbname_of(url)
+        return lambda: backend_pids(base, [name])
 
     async def workloads(
         self,
         host: str,
         port: int,
-        pid: int | None,
+        pid: int | list[int] | None,
         opts: Options,
         run: str,
-        server: ServerProcess | None,
+        servers: list[ServerProcess] | None,
         names: tuple[str, ...] | None = None,
         read_ids: Sequence[str] | None = None,
         sink: list[Result] | None = None,
         context: str = "",
+        nodes: list[tuple[str, int]] | None = None,
+        db_pids: DbPids | None = None,
     ) -> list[Result]:
-        """Run workloads on one server with one set of N connections."""
-        clients = [await Client.open(host, port, f"{run}-c{i}") for i in range(opts.clients)]
+        """Run workloads with one set of N connections, spread over the nodes."""
+        nodes = nodes or [(host, port)]
+        clients = [
+            await Client.open(*nodes[i % len(nodes)], f"{run}-c{i}") for i in range(opts.clients)
+        ]
         spare = await Client.open(host, port, f"{run}-spare")
-        ctx = Ctx(host, port, opts, run, clients, spare, pid, metrics_url=(host, port))
+        ctx = Ctx(
+            host,
+            port,
+            opts,
+            run,
+            clients,
+            spare,
+            pid,
+            metrics_url=(host, port),
+            nodes=nodes,
+            db_pids=db_pids,
+        )
         profiler = None
-        if opts.profile and pid is not None:
-            profiler = Profiler(Path(opts.profile) / run, pid, opts.profile_mode)
+        first = pid[0] if isinstance(pid, list) else pid
+        if opts.profile and first is not None:
+            profiler = Profiler(Path(opts.profile) / run, first, opts.profile_mode)
             ctx.on_window = profiler.during
         results: list[Result] = [] if sink is None else sink
         try:
@@ -286,9 +434,11 @@ class Bench:
                 else:
                     result = await RUNNERS[name](ctx)
                 result.context = context
+                result.nodes = len(nodes)
                 results.append(result)
-                if server is not None and not server.alive():
-                    raise BenchFailure(f"server died during {name}: {server.tail()}")
+                for server in servers or []:
+                    if not server.alive():
+                        raise BenchFailure(f"server died during {name}: {server.tail()}")
                 self.say(*result_lines(result, self.report.limits))
                 if profiler is not None:
                     if name in profiler.profiles:
@@ -303,19 +453,32 @@ class Bench:
 
     async def scale_point(self, count: int) -> ScalePoint:
         """A fresh server on a database seeded with ``count`` settled promises."""
+        if self.opts.store == "postgres":
+            with throwaway(self.pg_base, "troth_bench_scale") as url:
+                return await self._scale_point(count, url)
+        return await self._scale_point(count, None)
+
+    async def _scale_point(self, count: int, url: str | None) -> ScalePoint:
         opts = self.opts
         directory = self.workdir / f"scale-{count}"
         if directory.exists():
             shutil.rmtree(directory)
         directory.mkdir(parents=True)
         db = directory / "troth.db"
-        self.say(f"scale: seeding {count:,} settled promises into {db} ...")
-        seconds = await asyncio.to_thread(seed, db, count, "s-")
-        size = sum(
-            Path(f"{db}{s}").stat().st_size for s in ("", "-wal") if Path(f"{db}{s}").exists()
-        )
+        if url is None:
+            self.say(f"scale: seeding {count:,} settled promises into {db} ...")
+            seconds = await asyncio.to_thread(seed, db, count, "s-")
+            size = sum(
+                Path(f"{db}{s}").stat().st_size for s in ("", "-wal") if Path(f"{db}{s}").exists()
+            )
+        else:
+            self.say(f"scale: seeding {count:,} settled promises into {_where(url)} ...")
+            seconds = await asyncio.to_thread(seed_postgres, url, count, "s-")
+            size = await asyncio.to_thread(database_size, url)
         self.say(f"scale: seeded in {seconds:.1f} s, {size / 2**20:,.0f} MB")
-        server = ServerProcess.troth(directory, db, synchronous=opts.synchronous, store="sqlite")
+        server = ServerProcess.troth(
+            directory, db, synchronous=opts.synchronous, store=opts.store, postgres_url=url
+        )
         await server.start(timeout=120)
         point = ScalePoint(count, seconds, size, rss_bytes(server.pid))
         sub = replace(opts, duration=opts.scale_seconds, warmup=min(opts.warmup, 1.0))
@@ -327,11 +490,12 @@ class Bench:
                 server.pid,
                 sub,
                 f"{self.run_id}s{count}",
-                server,
+                [server],
                 names=("reads", "create-settle", "lifecycle"),
                 read_ids=ids,
                 sink=point.results,
                 context=f"{count:,} stored",
+                db_pids=self.db_pids(url) if url else None,
             )
             point.rss_after = rss_bytes(server.pid)
         finally:
@@ -341,6 +505,26 @@ class Bench:
         if code != 0:
             raise BenchFailure(f"scale server exited with {code}: {server.tail()}")
         return point
+
+    async def peer(self, name: str) -> None:
+        """The peer queue on the same PostgreSQL server (see :mod:`troth.bench.peers`)."""
+        from troth.bench import peers
+
+        opts = self.opts
+        why = peers.missing(name)
+        if why is not None:
+            raise BenchFailure(why)
+        for producers in opts.peer_producers or (opts.clients,):
+            await self.quiet(f"{name} single")
+            result = await peers.single(
+                self.pg_base, opts, producers, 1, self.workdir, opts.peer_inflight
+            )
+            self.report.peers.append(result)
+            self.say(*result_lines(result, self.report.limits), "")
+        await self.quiet(f"{name} batched")
+        result = await peers.batched(self.pg_base, opts, self.workdir)
+        self.report.peers.append(result)
+        self.say(*result_lines(result, self.report.limits), "")
 
     def cleanup(self) -> None:
         if self.owned_dir and not self.opts.keep:
@@ -360,8 +544,18 @@ def run(opts: Options, out: TextIO = sys.stdout) -> Report:
 
 
 def run_from_args(args: argparse.Namespace) -> int:
-    """Entry point for ``troth bench``: exit status 1 when a verification failed."""
+    """Entry point for ``troth bench``: exit status 1 when a verification failed, 2 when
+    the flags cannot be honoured (or a peer's package is missing: nothing is run)."""
     opts = options_from(args)
+    wrong = problems(opts)
+    if opts.peers:
+        from troth.bench.peers import missing
+
+        wrong += [m for m in (missing(p) for p in opts.peers) if m]
+    if wrong:
+        for line in wrong:
+            print(f"troth bench: {line}", file=sys.stderr)
+        return 2
     started = time.perf_counter()
     report = run(opts)
     print(f"\nbench took {time.perf_counter() - started:.0f} s", flush=True)

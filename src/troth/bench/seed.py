@@ -1,10 +1,11 @@
 """Fill a database with settled promises before the server starts (the scale runs).
 
 A million promises through HTTP would take minutes of the run; written straight into
-the file they take seconds.  They go through the real machine (``machine.core.handle``
-of a decoded ``promise.create`` and ``promise.settle``, in one job each) and the real
-group commit (``Store.execute``), so the rows are exactly the ones the server would
-have written, indexes and derived columns included.
+the store they take far less.  They go through the real machine
+(``machine.core.handle`` of a decoded ``promise.create`` and ``promise.settle``, in
+one job each) and the real group commit (``Store.execute``, SQLite or PostgreSQL),
+so the rows are exactly the ones the server would have written, indexes and derived
+columns included.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from troth.machine.core import handle
 from troth.machine.internal import Config
 from troth.protocol import requests as rq
 from troth.protocol.records import Value
-from troth.store.base import Job, Overlay
+from troth.store.base import Job, Overlay, Store
 from troth.store.sqlite import SqliteStore
 
 #: Jobs per transaction while seeding.
@@ -68,31 +69,54 @@ def seed(
     Written with ``synchronous=NORMAL``: the seed is not what is measured, and the
     server reopens the file with the setting under test."""
     store = SqliteStore(path, synchronous="normal")
+    try:
+        return seed_store(store, count, prefix, start=start, progress=progress)
+    finally:
+        store.close()
+
+
+def seed_postgres(url: str, count: int, prefix: str) -> float:
+    """The same rows into a PostgreSQL database (created or upgraded on open)."""
+    from troth.store.postgres import PostgresStore
+
+    store = PostgresStore(url)
+    try:
+        return seed_store(store, count, prefix)
+    finally:
+        store.close()
+
+
+def seed_store(
+    store: Store,
+    count: int,
+    prefix: str,
+    *,
+    start: int = 0,
+    progress: Callable[[int], None] | None = None,
+) -> float:
+    """Seed through any store's group commit, :data:`BATCH` jobs per transaction."""
     config = Config()
     head: dict[str, Any] = {"version": "2026-04-01"}
     started = time.perf_counter()
     now = time.time_ns() // 1_000_000
-    try:
-        for base in range(start, start + count, BATCH):
-            jobs: list[Job[None]] = []
-            for i in range(base, min(base + BATCH, start + count)):
-                id = seed_id(prefix, i)
-                arg = base64.b64encode(b'{"func":"seed","args":[%d],"version":1}' % i).decode()
-                create = rq.PromiseCreate(
-                    id=id,
-                    timeout_at=FAR,
-                    param=Value(data=arg),
-                    tags={"resonate:scope": "global", "resonate:origin": id},
-                )
-                settle = rq.PromiseSettle(id=id, state="resolved", value=Value(data="dHJ1ZQ=="))
-                jobs.append(Job(_job(create, settle, now, config, head), now))
-            for outcome in store.execute(jobs):
-                if outcome.error is not None:
-                    raise outcome.error
-            if progress is not None:
-                progress(min(base + BATCH, start + count) - start)
-    finally:
-        store.close()
+    for base in range(start, start + count, BATCH):
+        jobs: list[Job[None]] = []
+        for i in range(base, min(base + BATCH, start + count)):
+            id = seed_id(prefix, i)
+            arg = base64.b64encode(b'{"func":"seed","args":[%d],"version":1}' % i).decode()
+            create = rq.PromiseCreate(
+                id=id,
+                timeout_at=FAR,
+                param=Value(data=arg),
+                tags={"resonate:scope": "global", "resonate:origin": id},
+            )
+            settle = rq.PromiseSettle(id=id, state="resolved", value=Value(data="dHJ1ZQ=="))
+            jobs.append(Job(_job(create, settle, now, config, head), now))
+        for outcome in store.execute(jobs):
+            if outcome.error is not None:
+                raise outcome.error
+        if progress is not None:
+            progress(min(base + BATCH, start + count) - start)
     return time.perf_counter() - started
 
 

@@ -33,7 +33,7 @@ from troth.bench.client import (
     task_of,
 )
 from troth.bench.http import HttpConnection, SseConnection
-from troth.bench.measure import Probe, Recorder, Samples, Window
+from troth.bench.measure import DbPids, Probe, Recorder, Samples, Window
 from troth.bench.options import Options
 from troth.bench.results import Result, Series
 
@@ -44,7 +44,12 @@ T = TypeVar("T")
 
 @dataclass
 class Ctx:
-    """What every workload runs with: the server, the N clients, the options."""
+    """What every workload runs with: the server, the N clients, the options.
+
+    ``nodes`` lists every troth process of the run (several on one PostgreSQL
+    database with ``--nodes``); ``host``/``port`` is the first.  Clients, SSE
+    workers and listeners are spread over the nodes round robin, so a request served
+    by one node produces messages that another node's connection must carry."""
 
     host: str
     port: int
@@ -52,10 +57,20 @@ class Ctx:
     run: str  # unique per run: every id and tag starts with it
     clients: list[Client]
     spare: Client  # verification and stray-message checks, outside the N
-    pid: int | None  # the server's, when the bench started it (CPU, RSS, profile)
+    pid: int | list[int] | None  # the server's (every node's), when the bench started it
     metrics_url: tuple[str, int] | None = None  # where GET /metrics is read
     on_window: Callable[[str, Window], Coroutine[Any, Any, None]] | None = None  # profiler
     extra: list[Client] = field(default_factory=list)
+    nodes: list[tuple[str, int]] = field(default_factory=list)
+    db_pids: DbPids | None = None  # PostgreSQL's processes, charged to the run
+
+    def __post_init__(self) -> None:
+        if not self.nodes:
+            self.nodes = [(self.host, self.port)]
+
+    def node(self, k: int) -> tuple[str, int]:
+        """The node of the k-th connection of a kind (round robin)."""
+        return self.nodes[k % len(self.nodes)]
 
     def tag(self, workload: str) -> str:
         return f"{self.run}/{workload}"
@@ -64,30 +79,33 @@ class Ctx:
         """``n`` connections: the N clients first, then extra ones opened once."""
         while len(self.clients) + len(self.extra) < n:
             k = len(self.extra)
-            self.extra.append(await Client.open(self.host, self.port, f"{self.run}-x{k}"))
+            host, port = self.node(len(self.clients) + k)
+            self.extra.append(await Client.open(host, port, f"{self.run}-x{k}"))
         return (self.clients + self.extra)[:n]
 
     async def metrics(self) -> dict[str, float]:
-        """Counters of ``GET /metrics`` summed over labels (commit batches and jobs)."""
+        """Counters of ``GET /metrics`` summed over labels and nodes (commit batches
+        and jobs: with several nodes, the transactions of all of them)."""
         if self.metrics_url is None:
             return {}
-        conn = await HttpConnection.open(*self.metrics_url)  # idle ones get closed
-        try:
-            status, body = await conn.get("/metrics")
-        finally:
-            conn.close()
-        if status != 200:
-            return {}
         out: dict[str, float] = {}
-        for line in body.decode().splitlines():
-            if not line or line.startswith("#"):
-                continue
-            name, _, value = line.rpartition(" ")
-            name = name.split("{", 1)[0]
+        for host, port in self.nodes if len(self.nodes) > 1 else [self.metrics_url]:
+            conn = await HttpConnection.open(host, port)  # idle ones get closed
             try:
-                out[name] = out.get(name, 0.0) + float(value)
-            except ValueError:
+                status, body = await conn.get("/metrics")
+            finally:
+                conn.close()
+            if status != 200:
                 continue
+            for line in body.decode().splitlines():
+                if not line or line.startswith("#"):
+                    continue
+                name, _, value = line.rpartition(" ")
+                name = name.split("{", 1)[0]
+                try:
+                    out[name] = out.get(name, 0.0) + float(value)
+                except ValueError:
+                    continue
         return out
 
 
@@ -154,7 +172,12 @@ async def measured(
         window = Window(opts.warmup, opts.duration)
         window.start()
     rec = Recorder(window)
-    probe = Probe(window, ctx.pid, snapshot=ctx.metrics if ctx.metrics_url else None)
+    probe = Probe(
+        window,
+        ctx.pid,
+        snapshot=ctx.metrics if ctx.metrics_url else None,
+        db_pids=ctx.db_pids,
+    )
     probe.start()
     hook = asyncio.create_task(ctx.on_window(name, window)) if ctx.on_window else None
     limit = max(0.0, window.end - time.perf_counter()) + 2 * opts.op_timeout
@@ -249,9 +272,10 @@ class WorkerPool:
     async def open(self) -> None:
         for j in range(self.count):
             name = f"w{j}"
+            host, port = self.ctx.node(j)
             conn = await SseConnection.open(
-                self.ctx.host,
-                self.ctx.port,
+                host,
+                port,
                 f"/poll/{self.group}/{name}",
                 functools.partial(self.on_message, name=name),
             )
@@ -634,8 +658,7 @@ async def timers(ctx: Ctx) -> Result:
 
     conns = [
         await SseConnection.open(
-            ctx.host,
-            ctx.port,
+            *ctx.node(j),
             f"/poll/{group}/l{j}",
             functools.partial(on_message, name=f"l{j}"),
         )
@@ -778,14 +801,36 @@ async def heartbeat(ctx: Ctx) -> Result:
         if task.get("pid") != owner[id]:
             raise BenchFailure(f"task {id} is held by {task.get('pid')}, not {owner[id]}")
 
-    await parallel(ctx.clients, ids, check)
+    # The workers go on heartbeating (unmeasured) while the tasks are checked and
+    # fulfilled, as an SDK worker does until its task is done: on a slower store the
+    # check and the fulfilment of every task may take longer than one lease.
+    # Connections of their own: a connection carries one request at a time.
+    n = len(ctx.clients)
+    keepers = (await ctx.more_clients(n + len(workers)))[n:]
+    done = asyncio.Event()
+
+    async def keep(c: Client, pid: str) -> None:
+        data = {"pid": pid, "tasks": [{"id": id, "version": 1} for id in owned[pid]]}
+        while not done.is_set():
+            await c.ok("task.heartbeat", data)
+            try:
+                await asyncio.wait_for(done.wait(), ttl / 4000)
+            except TimeoutError:
+                pass
+
+    keeping = asyncio.gather(*(keep(c, pid) for c, pid in zip(keepers, workers, strict=True)))
     ledger = Ledger()
 
     async def fulfil(c: Client, id: str) -> None:
         ful = {"id": id, "version": 1, "action": settle_action(id)}
         ledger.fulfil((await c.ok("task.fulfill", ful))[0], id)
 
-    await parallel(ctx.clients, ids, fulfil)
+    try:
+        await parallel(ctx.clients, ids, check)
+        await parallel(ctx.clients, ids, fulfil)
+    finally:
+        done.set()
+        await keeping
     result.checks.append(
         f"{len(ids):,} tasks still acquired at version 1 by their worker after "
         f"{opts.warmup + opts.duration:g} s with a {ttl} ms lease; each fulfilled once"
