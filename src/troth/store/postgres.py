@@ -74,6 +74,7 @@ import functools
 import logging
 import random
 import re
+import threading
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
@@ -296,6 +297,58 @@ _UPSERT_MESSAGE: Final = (
     " updated_at = excluded.updated_at"
 )
 
+# Many rows per statement (a batch's deferred writes, coalesced per id): the columns
+# arrive as parallel arrays, numbers as text (exact at any size) cast to NUMERIC.
+_P_TYPES: Final = (
+    "text", "text", "text", "text", "text", "numeric", "numeric", "numeric",
+    "text", "text", "bool", "text", "bool",
+)  # fmt: skip
+_T_TYPES: Final = ("text", "text", "numeric", "numeric", "text", "numeric", "numeric", "text")
+_NUMERIC_P: Final = frozenset(i for i, t in enumerate(_P_TYPES) if t == "numeric")
+_NUMERIC_T: Final = frozenset(i for i, t in enumerate(_T_TYPES) if t == "numeric")
+
+
+def _unnest(types: Sequence[str]) -> str:
+    # %b: arrays go in binary format (psycopg's text-format array dumper escapes
+    # every element in Python, ten times slower than the binary one).
+    return ", ".join(f"%b::text[]::{t}[]" if t == "numeric" else f"%b::{t}[]" for t in types)
+
+
+def _columns(rows: Sequence[tuple[Any, ...]], numeric: frozenset[int]) -> list[list[Any]]:
+    """Rows to parallel column arrays (numbers as exact text)."""
+    cols: list[list[Any]] = [list(c) for c in zip(*rows, strict=True)]
+    for i in numeric:
+        cols[i] = [None if v is None else str(v) for v in cols[i]]
+    return cols
+
+
+def _upsert_many(insert: str) -> str:
+    """``INSERT … VALUES (…) [ON CONFLICT …]`` as one statement for many rows."""
+    head, _, rest = insert.partition(" VALUES (")
+    _, _, conflict = rest.partition(")")
+    types = _P_TYPES if head.startswith("INSERT INTO promises") else _T_TYPES
+    return f"{head} SELECT * FROM unnest({_unnest(types)}){conflict}"
+
+
+_INSERT_PROMISES: Final = _upsert_many(_INSERT_PROMISE)
+_UPSERT_PROMISES: Final = _upsert_many(_UPSERT_PROMISE)
+_INSERT_TASKS: Final = _upsert_many(_INSERT_TASK)
+_UPSERT_TASKS: Final = _upsert_many(_UPSERT_TASK)
+_MESSAGE_FIELDS: Final = (
+    "key", "address", "kind", "task_id", "version", "promise", "now", "cast", "group", "dest",
+)  # fmt: skip
+_UPSERT_MESSAGES: Final = (
+    "INSERT INTO outbox (key, address, kind, task_id, version, promise, created_at,"
+    " state, attempts, available_at, updated_at, dest_cast, dest_group, dest_id)"
+    " SELECT m.key, m.address, m.kind, m.task_id, m.version::numeric, m.promise,"
+    " m.now::numeric, 'pending', 0, m.now::numeric, m.now::numeric, m.cast_, m.grp, m.dest"
+    " FROM unnest(%b::text[], %b::text[], %b::text[], %b::text[], %b::text[], %b::text[],"
+    " %b::text[], %b::text[], %b::text[], %b::text[]) WITH ORDINALITY"
+    " AS m(key, address, kind, task_id, version, promise, now, cast_, grp, dest, ord)"
+    # In emission order: row ids decide delivery order.
+    " ORDER BY m.ord" + _UPSERT_MESSAGE[_UPSERT_MESSAGE.index(" ON CONFLICT") :]
+)
+
 _BRANCH: Final = f"SELECT {_PROMISE_COLS} FROM promises WHERE branch = %s ORDER BY id LIMIT %s"
 _DUE_PROMISES: Final = (
     "SELECT id FROM promises WHERE state = 'pending' AND external AND timeout_at <= %s"
@@ -351,10 +404,10 @@ _CLAIM_ROUTED: Final = (
     " due AS MATERIALIZED (SELECT o.id FROM outbox AS o"
     " WHERE o.state = 'pending' AND o.available_at <= %(now)s AND ("
     " o.dest_group IS NULL"
-    " OR (o.dest_id IS NOT NULL AND o.dest_group || '/' || o.dest_id = ANY(%(pairs)s))"
+    " OR (o.dest_id IS NOT NULL AND o.dest_group || '/' || o.dest_id = ANY(%(pairs)b))"
     f" OR (o.dest_cast = 'uni' AND NOT EXISTS ({_OTHERS_HOLD} AND x.pid = o.dest_id))"
     f" OR (o.dest_cast = 'any' AND NOT EXISTS ({_OTHERS_HOLD} AND x.pid = o.dest_id)"
-    f" AND (o.dest_group = ANY(%(groups)s) OR NOT EXISTS ({_OTHERS_HOLD}))))"
+    f" AND (o.dest_group = ANY(%(groups)b) OR NOT EXISTS ({_OTHERS_HOLD}))))"
     " ORDER BY o.available_at, o.id LIMIT %(limit)s FOR UPDATE OF o SKIP LOCKED)"
     " UPDATE outbox AS o SET state = 'dispatching', claim_token = %(token)s,"
     " claimed_by = %(worker)s, claimed_at = %(now)s, updated_at = %(now)s"
@@ -372,6 +425,15 @@ _HAS_PENDING: Final = "SELECT 1 FROM outbox WHERE key = %s AND state = 'pending'
 _FINISH: Final = (
     "UPDATE outbox SET state = %s, attempts = %s, claim_token = NULL, last_code = %s,"
     " updated_at = %s WHERE id = %s"
+)
+# _HELD then _FINISH for many distinct rows at once; a failure counts an attempt.
+_FINISH_MANY: Final = (
+    "UPDATE outbox AS o SET state = v.state, attempts = o.attempts + v.failed,"
+    " claim_token = NULL, last_code = v.code, updated_at = v.now::numeric"
+    " FROM unnest(%b::bigint[], %b::text[], %b::text[], %b::int[], %b::text[], %b::text[])"
+    " AS v(id, token, state, failed, code, now)"
+    " WHERE o.id = v.id AND o.state = 'dispatching' AND o.claim_token = v.token"
+    " RETURNING o.id"
 )
 _REQUEUE: Final = (
     "UPDATE outbox SET state = 'pending', attempts = %s, claim_token = NULL, last_code = %s,"
@@ -406,7 +468,9 @@ _TABLES: Final = ("promises", "tasks", "schedules")
 Touched = dict[str, set[str]]
 # ORDER BY before FOR UPDATE: rows are locked in sorted id order.
 _PRELOCK: Final = {
-    table: f"SELECT id FROM {table} WHERE id = ANY(%s) ORDER BY id FOR UPDATE" for table in _TABLES
+    "promises": f"SELECT {_PROMISE_COLS} FROM promises WHERE id = ANY(%b) ORDER BY id FOR UPDATE",
+    "tasks": f"SELECT {_TASK_COLS} FROM tasks WHERE id = ANY(%b) ORDER BY id FOR UPDATE",
+    "schedules": "SELECT id FROM schedules WHERE id = ANY(%b) ORDER BY id FOR UPDATE",
 }
 
 
@@ -590,7 +654,7 @@ class PostgresBackend(Backend):
     must not appear (see the module docstring).
     """
 
-    def __init__(self, cur: Cur) -> None:
+    def __init__(self, cur: Cur, *, defer: bool = False) -> None:
         self.cur = cur
         self.seen_promises: dict[str, bool] = {}
         self.seen_tasks: dict[str, bool] = {}
@@ -598,6 +662,23 @@ class PostgresBackend(Backend):
         #: Every id this transaction looked up or wrote, per table, found or not: what
         #: a re-run locks up front (including the row a failed statement waited for).
         self.touched: Touched = {table: set() for table in _TABLES}
+        #: Rows this transaction holds locked, as it last read or wrote them (None:
+        #: absent).  A read served from here costs no round trip; the lock makes it
+        #: as current as a fresh SELECT would be.
+        self.promises: dict[str, Promise | None] = {}
+        self.tasks: dict[str, Task | None] = {}
+        #: With ``defer``, writes wait here and go out in one pipeline before the next
+        #: statement that must see them (a read the cache cannot answer, a scan) or at
+        #: COMMIT: a batch of jobs costs a few round trips instead of several per job.
+        self.defer = defer
+        #: Deferred writes, coalesced: the last row written per id (and whether its
+        #: first write in the batch was an INSERT), schedule statements in order,
+        #: the last message per key in emission order, then anything else.
+        self.pending_promises: dict[str, tuple[tuple[Any, ...], bool]] = {}
+        self.pending_tasks: dict[str, tuple[tuple[Any, ...], bool]] = {}
+        self.pending_schedules: list[tuple[str, Any]] = []
+        self.pending_messages: dict[str, dict[str, Any]] = {}
+        self.pending: list[tuple[str, Any]] = []
 
     @staticmethod
     def _seen(seen: dict[str, bool], kind: str, id: str, found: bool) -> None:
@@ -607,26 +688,130 @@ class PostgresBackend(Backend):
 
     # -- reads ------------------------------------------------------------------------
 
+    def flush(self) -> None:
+        """Send the deferred writes (one round trip).
+
+        A failure that a re-run cannot cure cannot be pinned on the job whose write
+        caused it (they were sent together): :class:`_FlushFailed` asks the store to
+        run the batch again writing job by job.
+        """
+        statements = self._pending_statements()
+        if statements:
+            try:
+                if len(statements) == 1:
+                    self.cur.execute(*statements[0])
+                else:
+                    _pipelined(self.cur, statements)
+            except psycopg.Error as exc:
+                conn = self.cur.connection
+                if exc.sqlstate in _RETRY_SQLSTATES or conn.closed or conn.broken:
+                    raise
+                raise _FlushFailed() from exc
+
+    def _pending_statements(self) -> list[tuple[str, Any]]:
+        statements: list[tuple[str, Any]] = []
+        for table, pending, insert, upsert, numeric in (
+            ("p", self.pending_promises, _INSERT_PROMISES, _UPSERT_PROMISES, _NUMERIC_P),
+            ("t", self.pending_tasks, _INSERT_TASKS, _UPSERT_TASKS, _NUMERIC_T),
+        ):
+            del table
+            for sql, new in ((insert, True), (upsert, False)):
+                rows = [row for id, (row, fresh) in sorted(pending.items()) if fresh is new]
+                if rows:
+                    statements.append((sql, _columns(rows, numeric)))
+            pending.clear()
+        statements += self.pending_schedules
+        self.pending_schedules = []
+        if self.pending_messages:
+            messages = list(self.pending_messages.values())
+            self.pending_messages = {}
+            columns = [
+                [None if m[f] is None else str(m[f]) for m in messages] for f in _MESSAGE_FIELDS
+            ]
+            statements.append((_UPSERT_MESSAGES, columns))
+        statements += self.pending
+        self.pending = []
+        return statements
+
+    def prefetch(self, ids: Touched) -> None:
+        """Lock and read, in one round trip, the rows of ``ids``: the ids the batch's
+        requests name (first attempt) or every row earlier attempts touched (a re-run).
+        Later point reads of them are served from memory (schedules are only locked).
+
+        Table by table in sorted id order, waiting as long as it takes: every batch
+        takes these locks in the same global order, so no cycle can form among them.
+        Rows the batch reaches beyond this set are locked as the machine reads them,
+        under the usual ``lock_timeout``; a cycle through one of those ends when that
+        wait times out, and the next attempt locks a larger set up front.
+        """
+        self.flush()
+        conn = self.cur.connection
+        reads: dict[str, Cur] = {}
+        try:
+            # One cursor per result: in a pipeline, results are read after the sync.
+            # The tables' statistics lag behind fast growth (autovacuum analyses them
+            # later), and with stale ones the planner scans the whole table for an
+            # id list; these are primary-key lookups, so the index is always right.
+            with conn.pipeline():
+                self.cur.execute("SET LOCAL lock_timeout = 0")
+                self.cur.execute("SET LOCAL enable_seqscan = off")
+                for table in _TABLES:
+                    if ids[table]:
+                        reads[table] = conn.cursor()
+                        reads[table].execute(_PRELOCK[table], (sorted(ids[table]),))
+                self.cur.execute("SET LOCAL enable_seqscan = on")
+                self.cur.execute(f"SET LOCAL lock_timeout = {self.lock_timeout_ms}")
+            found = {table: c.fetchall() for table, c in reads.items()}
+        finally:
+            for c in reads.values():
+                c.close()
+        for table in _TABLES:
+            self.touched[table] |= ids[table]
+        promises = {r[0]: _promise(r) for r in found.get("promises", ())}
+        for id in ids["promises"]:
+            p = promises.get(id)
+            self._seen(self.seen_promises, "promise", id, p is not None)
+            self.promises[id] = p
+        tasks = {r[0]: _task(r) for r in found.get("tasks", ())}
+        for id in ids["tasks"]:
+            t = tasks.get(id)
+            self._seen(self.seen_tasks, "task", id, t is not None)
+            self.tasks[id] = t
+
+    #: Set by the store: the session's lock_timeout, restored after a prefetch.
+    lock_timeout_ms = 50
+
     def get_promise(self, id: str) -> Promise | None:
         if _NUL in id:
             return None
+        if id in self.promises:
+            return self.promises[id]
+        self.flush()
         self.touched["promises"].add(id)
         r = self.cur.execute(_GET_PROMISE, (id,)).fetchone()
         self._seen(self.seen_promises, "promise", id, r is not None)
-        return None if r is None else _promise(r)
+        p = None if r is None else _promise(r)
+        self.promises[id] = p
+        return p
 
     def get_task(self, id: str) -> Task | None:
         if _NUL in id:
             return None
+        if id in self.tasks:
+            return self.tasks[id]
+        self.flush()
         self.touched["promises"].add(id)
         self.touched["tasks"].add(id)
         r = self.cur.execute(_GET_TASK, {"id": id}).fetchone()
         self._seen(self.seen_tasks, "task", id, r is not None)
-        return None if r is None else _task(r)
+        t = None if r is None else _task(r)
+        self.tasks[id] = t
+        return t
 
     def get_schedule(self, id: str) -> Schedule | None:
         if _NUL in id:
             return None
+        self.flush()
         self.touched["schedules"].add(id)
         r = self.cur.execute(_GET_SCHEDULE, (id,)).fetchone()
         self._seen(self.seen_schedules, "schedule", id, r is not None)
@@ -641,6 +826,7 @@ class PostgresBackend(Backend):
         limit: int,
     ) -> list[tuple[Any, ...]] | None:
         """Rows of one scan; None when no stored row can match the filter."""
+        self.flush()
         params: dict[str, Any] = {"limit": limit, "after": _after(after)}
         if states is not None:
             params["states"] = [s for s in states if _NUL not in s]
@@ -672,11 +858,13 @@ class PostgresBackend(Backend):
     def promises_in_branch(self, branch: str, limit: int) -> list[Promise]:
         if not branch or _NUL in branch:
             return []  # the empty branch is never indexed (memory.py: ``if branch:``)
+        self.flush()
         return [_promise(r) for r in self.cur.execute(_BRANCH, (branch, limit))]
 
     # -- deadlines (SKIP LOCKED: another node is already firing those) -----------------
 
     def _ids(self, sql: str, params: Any) -> list[str]:
+        self.flush()
         return [r[0] for r in self.cur.execute(sql, params)]
 
     def due_promises(self, now: int, limit: int) -> list[str]:
@@ -692,6 +880,7 @@ class PostgresBackend(Backend):
         return self._ids(_UNDRAINED, (limit,))
 
     def next_deadline(self) -> int | None:
+        self.flush()
         row = self.cur.execute(_NEXT_DEADLINE).fetchone()
         assert row is not None
         undrained, *armed = row
@@ -729,22 +918,49 @@ class PostgresBackend(Backend):
                 statements.append((sql, _schedule_row(s)))
         for key, entry in writes.messages.items():
             statements.append((_UPSERT_MESSAGE, _message_row(key, entry, now)))
-        if len(statements) == 1:
+        if self.defer:
+            self._defer(writes, now)
+        elif len(statements) == 1:
             self.cur.execute(*statements[0])
         else:
             _pipelined(self.cur, statements)
-        # Only now (nothing failed) do the written rows count as this transaction's.
-        for id in writes.promises:
+        # Only now (nothing failed, or deferred) do the written rows count as this
+        # transaction's, and later reads see them as written.
+        for id, p in writes.promises.items():
             seen_p[id] = True
-        for id in writes.tasks:
+            self.promises[id] = p
+        for id, t in writes.tasks.items():
             seen_t[id] = True
+            self.tasks[id] = t
         for id, s in writes.schedules.items():
             seen_s[id] = s is not None
+
+    def _defer(self, writes: Writes, now: int) -> None:
+        """Queue one job's writes, coalesced with the batch's earlier ones."""
+        for id, p in writes.promises.items():
+            earlier = self.pending_promises.get(id)
+            insert = earlier[1] if earlier else self.seen_promises.get(id) is False
+            self.pending_promises[id] = (_promise_row(p), insert)
+        for id, t in writes.tasks.items():
+            earlier = self.pending_tasks.get(id)
+            insert = earlier[1] if earlier else self.seen_tasks.get(id) is False
+            self.pending_tasks[id] = (_task_row(t), insert)
+        for id in sorted(writes.schedules):
+            sch = writes.schedules[id]
+            if sch is None:
+                self.pending_schedules.append((_DELETE_SCHEDULE, (id,)))
+            else:
+                sql = _INSERT_SCHEDULE if self.seen_schedules.get(id) is False else _UPSERT_SCHEDULE
+                self.pending_schedules.append((sql, _schedule_row(sch)))
+        for key, entry in writes.messages.items():
+            self.pending_messages.pop(key, None)  # a newer message goes to the back
+            self.pending_messages[key] = _message_row(key, entry, now)
 
     # -- whole-store reads -----------------------------------------------------------------
 
     def snapshot(self) -> dict[str, Any]:
         """Everything, in memory.py's ``snapshot()`` format (built from the same Structs)."""
+        self.flush()
         q = self.cur.execute
         return {
             "promises": [
@@ -855,7 +1071,124 @@ def migrate(conn: Conn) -> int:
 # -- the store ---------------------------------------------------------------------------------
 
 
-class PostgresStore(Store):
+class Session:
+    """One PostgreSQL connection, used by one thread at a time (under :attr:`lock`).
+
+    It reconnects when the connection was lost (nothing of an unfinished transaction
+    was acknowledged), and :meth:`run` re-runs a transaction that met a conflict.
+    The store is one session (the writer's); its outbox lifecycle is another.
+    """
+
+    application_name = "troth"
+    #: Session settings sent after connecting (``SET …``).
+    settings: tuple[str, ...] = ()
+
+    def __init__(self, url: str, *, max_attempts: int, lock_timeout: float) -> None:
+        if max_attempts < 1:
+            raise ValueError("max_attempts must be >= 1")
+        if lock_timeout <= 0:
+            raise ValueError("lock_timeout must be > 0 (seconds)")
+        self.url = url
+        self.max_attempts = max_attempts
+        self.lock_timeout = lock_timeout
+        self.lock = threading.Lock()
+        #: Transactions re-run after a conflict.
+        self.retries = 0
+        self.conn = self._connect()
+        self.cur: Cur = self.conn.cursor()
+
+    def _connect(self) -> Conn:
+        params = conninfo_to_dict(self.url)
+        params.setdefault("connect_timeout", 10)
+        params.setdefault("application_name", self.application_name)
+        conn = psycopg.connect(make_conninfo("", **params), autocommit=False)
+        try:
+            conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
+            conn.adapters.register_loader("numeric", _IntLoader)
+            # A session setting (it outlives the transaction that SET it).
+            conn.execute(f"SET lock_timeout = {round(self.lock_timeout * 1000)}")
+            for setting in self.settings:
+                conn.execute(setting)
+            conn.commit()
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _fresh(self) -> None:
+        """Ready for a new transaction: reconnect if the connection was lost, roll
+        back whatever an interrupted caller left open."""
+        if self.conn.closed or self.conn.broken:
+            self._reconnect()
+        elif self.conn.info.transaction_status != TransactionStatus.IDLE:
+            self.conn.rollback()
+
+    def _reconnect(self) -> None:
+        try:
+            self.conn.close()
+        except psycopg.Error:
+            pass
+        self.conn = self._connect()
+        self.cur = self.conn.cursor()
+
+    def rollback(self) -> None:
+        """Best effort: never raises, so the error that caused it is what callers see."""
+        try:
+            if not self.conn.closed:
+                self.conn.rollback()
+        except psycopg.Error:
+            pass
+
+    def _transient(self, exc: BaseException) -> bool:
+        """Whether re-running the whole transaction (before COMMIT) is the answer."""
+        if isinstance(exc, Phantom):
+            return True
+        if isinstance(exc, psycopg.Error) and exc.sqlstate in _RETRY_SQLSTATES:
+            return True
+        return isinstance(exc, psycopg.Error) and (self.conn.closed or self.conn.broken)
+
+    def _backoff(self, failures: int) -> None:
+        time.sleep(random.uniform(0, min(MAX_BACKOFF, 0.001 * 2**failures)))
+
+    def run(self, fn: Callable[[Cur], T], *, snapshot: bool = False) -> T:
+        """One transaction outside group commit (the outbox lifecycle, reset, snapshot),
+        re-run on conflicts like a batch; ``snapshot`` makes it one REPEATABLE READ view.
+        """
+        with self.lock:
+            try:
+                return self._run(fn, snapshot)
+            except psycopg.OperationalError as exc:
+                raise StoreUnavailable(f"postgres unreachable: {exc}") from exc
+
+    def _run(self, fn: Callable[[Cur], T], snapshot: bool) -> T:
+        failures = 0
+        while True:
+            self._fresh()
+            try:
+                if snapshot:
+                    self.cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                value = fn(self.cur)
+            except Exception as exc:
+                self.rollback()
+                failures += 1
+                if not self._transient(exc) or failures >= self.max_attempts:
+                    raise
+                self.retries += 1
+                self._backoff(failures)
+                continue
+            try:
+                self.conn.commit()
+            except BaseException:
+                self.rollback()
+                raise
+            return value
+
+    def close(self) -> None:
+        with self.lock:
+            self.conn.close()
+
+
+class PostgresStore(Session, Store):
     """A PostgreSQL database shared by any number of troth processes.
 
     ``url`` is a libpq connection string or URI.  The schema is created or
@@ -869,79 +1202,36 @@ class PostgresStore(Store):
     def __init__(
         self, url: str, *, max_attempts: int = MAX_ATTEMPTS, lock_timeout: float = LOCK_TIMEOUT
     ) -> None:
-        super().__init__()
-        if max_attempts < 1:
-            raise ValueError("max_attempts must be >= 1")
-        if lock_timeout <= 0:
-            raise ValueError("lock_timeout must be > 0 (seconds)")
-        self.url = url
-        self.max_attempts = max_attempts
-        self.lock_timeout = lock_timeout
-        #: Whole-batch re-runs after a conflict, and after a job was set aside.
-        self.retries = 0
+        Store.__init__(self)
+        Session.__init__(self, url, max_attempts=max_attempts, lock_timeout=lock_timeout)
+        #: Batches re-run after a job was set aside (``retries``: after a conflict).
         self.reruns = 0
         #: This node's name in notifications; None: announce nothing (one node alone,
         #: or a store used outside a server).
         self.notify_as: str | None = None
-        self.conn = self._connect()
         try:
             migrate(self.conn)
         except BaseException:
             self.conn.close()
             raise
-        self.cur: Cur = self.conn.cursor()
         self.backend = PostgresBackend(self.cur)
         self.outbox = PostgresOutbox(self)
 
-    def _connect(self) -> Conn:
-        params = conninfo_to_dict(self.url)
-        params.setdefault("connect_timeout", 10)
-        params.setdefault("application_name", "troth")
-        conn = psycopg.connect(make_conninfo("", **params), autocommit=False)
-        try:
-            conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
-            conn.adapters.register_loader("numeric", _IntLoader)
-            # A session setting (it outlives the transaction that SET it).
-            conn.execute(f"SET lock_timeout = {round(self.lock_timeout * 1000)}")
-            conn.commit()
-        except BaseException:
-            conn.close()
-            raise
-        return conn
-
     # -- transactions --------------------------------------------------------------------
 
-    def begin(self) -> PostgresBackend:
+    def begin(self, *, defer: bool = False) -> PostgresBackend:
         """Start a transaction (psycopg sends BEGIN with the first statement).
 
         Reconnects first if the connection was lost: nothing of an unfinished
         transaction was acknowledged, so starting over is safe.
         """
-        if self.conn.closed or self.conn.broken:
-            self._reconnect()
-        elif self.conn.info.transaction_status != TransactionStatus.IDLE:
-            self.conn.rollback()
-        self.backend = PostgresBackend(self.cur)
+        self._fresh()
+        self.backend = PostgresBackend(self.cur, defer=defer)
+        self.backend.lock_timeout_ms = round(self.lock_timeout * 1000)
         return self.backend
-
-    def _reconnect(self) -> None:
-        try:
-            self.conn.close()
-        except psycopg.Error:
-            pass
-        self.conn = self._connect()
-        self.cur = self.conn.cursor()
 
     def commit(self) -> None:
         self.conn.commit()
-
-    def rollback(self) -> None:
-        """Best effort: never raises, so the error that caused it is what callers see."""
-        try:
-            if not self.conn.closed:
-                self.conn.rollback()
-        except psycopg.Error:
-            pass
 
     # Savepoints are part of the Store interface; execute() does not use them (see the
     # module docstring), but they work for a caller that drives a transaction itself.
@@ -955,17 +1245,6 @@ class PostgresStore(Store):
     def rollback_to(self) -> None:
         self.cur.execute("ROLLBACK TO SAVEPOINT troth_job")
         self.cur.execute("RELEASE SAVEPOINT troth_job")
-
-    def _transient(self, exc: BaseException) -> bool:
-        """Whether re-running the whole transaction (before COMMIT) is the answer."""
-        if isinstance(exc, Phantom):
-            return True
-        if isinstance(exc, psycopg.Error) and exc.sqlstate in _RETRY_SQLSTATES:
-            return True
-        return isinstance(exc, psycopg.Error) and (self.conn.closed or self.conn.broken)
-
-    def _backoff(self, failures: int) -> None:
-        time.sleep(random.uniform(0, min(MAX_BACKOFF, 0.001 * 2**failures)))
 
     # -- group commit ----------------------------------------------------------------------
 
@@ -981,12 +1260,17 @@ class PostgresStore(Store):
             aside: dict[int, BaseException] = {}
             prelock: Touched | None = None
             failures = 0
+            careful = False
             while True:
                 try:
-                    return self._attempt(jobs, aside, prelock)
+                    return self._attempt(jobs, aside, prelock, careful)
                 except _Rerun:
                     self.rollback()
                     self.reruns += 1
+                except _Careful:
+                    self.rollback()
+                    self.reruns += 1
+                    careful = True
                 except _Retry as retry:
                     self.rollback()
                     touched = self.backend.touched
@@ -1016,9 +1300,13 @@ class PostgresStore(Store):
                     return [Outcome(error=exc) for _ in jobs]
 
     def _attempt(
-        self, jobs: Sequence[Job[Any]], aside: dict[int, BaseException], prelock: Touched | None
+        self,
+        jobs: Sequence[Job[Any]],
+        aside: dict[int, BaseException],
+        prelock: Touched | None,
+        careful: bool,
     ) -> list[Outcome[Any]]:
-        backend = self.begin()
+        backend = self.begin(defer=not careful)
         if prelock is None:
             # First attempt: the ids the requests name, in sorted order (Job.keys).
             keys = {k for i, job in enumerate(jobs) if i not in aside for k in job.keys}
@@ -1026,7 +1314,7 @@ class PostgresStore(Store):
                 prelock = {"promises": keys, "tasks": keys, "schedules": set()}
         if prelock is not None:
             try:
-                self._prelock(backend, prelock)
+                backend.prefetch(prelock)
             except Exception as exc:
                 if self._transient(exc):
                     raise _Retry() from exc
@@ -1041,6 +1329,8 @@ class PostgresStore(Store):
             overlay = Overlay(backend)
             try:
                 value = job.fn(overlay)
+            except _FlushFailed as exc:  # an earlier job's deferred write failed
+                raise _Careful() from exc
             except Exception as exc:
                 # A failed read that aborted the transaction poisons the whole attempt;
                 # a job's own exception (or a client-side refusal) is its alone.
@@ -1068,7 +1358,15 @@ class PostgresStore(Store):
                     earliest = armed
             outcomes.append(Outcome(value=value, wrote=bool(overlay.writes)))
         if self.notify_as is not None and (messages or earliest is not None):
-            self._announce(messages, earliest)
+            self._announce(backend, messages, earliest)
+        try:
+            backend.flush()
+        except _FlushFailed as exc:
+            raise _Careful() from exc
+        except Exception as exc:
+            if self._transient(exc):
+                raise _Retry() from exc
+            raise
         try:
             self.commit()
         except psycopg.Error as exc:
@@ -1078,70 +1376,13 @@ class PostgresStore(Store):
             raise StoreUnavailable(f"COMMIT failed, its outcome is unknown: {exc}") from exc
         return outcomes
 
-    def _announce(self, messages: int, earliest: int | None) -> None:
+    def _announce(self, backend: PostgresBackend, messages: int, earliest: int | None) -> None:
         """Tell the other nodes, at COMMIT, that this batch wrote outbox rows or armed
         a deadline (``server/cluster.py`` listens): their delivery loops and timers
-        wake for it instead of polling.  Rolled back with the batch if it re-runs."""
+        wake for it instead of polling.  Rolled back with the batch if it re-runs.
+        Sent with the batch's last writes."""
         payload = f"{self.notify_as} {messages} {'-' if earliest is None else earliest}"
-        try:
-            self.cur.execute(_NOTIFY, (payload,))
-        except Exception as exc:
-            if self._transient(exc):
-                raise _Retry() from exc
-            raise
-
-    def _prelock(self, backend: PostgresBackend, prelock: Touched) -> None:
-        """Lock up front the ids the batch's requests name (first attempt) or every
-        row earlier attempts touched (a re-run).
-
-        Table by table in sorted id order, waiting as long as it takes: every batch
-        takes these locks in the same global order, so no cycle can form among them.
-        Rows the batch reaches beyond this set are locked as the machine reads them,
-        under the usual ``lock_timeout``; a cycle through one of those ends when that
-        wait times out, and the next attempt locks a larger set up front.  One round
-        trip (pipelined).
-        """
-        statements: list[tuple[str, Any]] = [("SET LOCAL lock_timeout = 0", None)]
-        for table in _TABLES:
-            if prelock[table]:
-                statements.append((_PRELOCK[table], (sorted(prelock[table]),)))
-        timeout = f"SET LOCAL lock_timeout = {round(self.lock_timeout * 1000)}"
-        statements.append((timeout, None))
-        _pipelined(self.cur, statements)
-        backend.touched = {table: set(prelock[table]) for table in _TABLES}
-
-    def run(self, fn: Callable[[Cur], T], *, snapshot: bool = False) -> T:
-        """One transaction outside group commit (the outbox lifecycle, reset, snapshot),
-        re-run on conflicts like a batch; ``snapshot`` makes it one REPEATABLE READ view.
-        """
-        with self.lock:
-            try:
-                return self._run(fn, snapshot)
-            except psycopg.OperationalError as exc:
-                raise StoreUnavailable(f"postgres unreachable: {exc}") from exc
-
-    def _run(self, fn: Callable[[Cur], T], snapshot: bool) -> T:
-        failures = 0
-        while True:
-            self.begin()
-            try:
-                if snapshot:
-                    self.cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-                value = fn(self.cur)
-            except Exception as exc:
-                self.rollback()
-                failures += 1
-                if not self._transient(exc) or failures >= self.max_attempts:
-                    raise
-                self.retries += 1
-                self._backoff(failures)
-                continue
-            try:
-                self.commit()
-            except BaseException:
-                self.rollback()
-                raise
-            return value
+        backend.pending.append((_NOTIFY, (payload,)))
 
     # -- whole-store operations -------------------------------------------------------------
 
@@ -1179,8 +1420,8 @@ class PostgresStore(Store):
             self.lock.release()
 
     def close(self) -> None:
-        with self.lock:
-            self.conn.close()
+        self.outbox.close()
+        Session.close(self)
 
     def schema_version(self) -> int:
         """The stored schema version (for diagnostics and tests)."""
@@ -1199,6 +1440,14 @@ class _Rerun(Exception):
     """Internal: a job was set aside; run the batch again without it."""
 
 
+class _FlushFailed(Exception):
+    """Internal: deferred writes failed for a reason a re-run cannot cure."""
+
+
+class _Careful(Exception):
+    """Internal: run the batch again writing job by job, to find the failing job."""
+
+
 @dataclass(frozen=True)
 class Routing:
     """How a node of several claims poll:// rows (set by ``server/cluster.py``).
@@ -1213,18 +1462,60 @@ class Routing:
     reach: Callable[[], tuple[Sequence[str], Sequence[str]]]
 
 
+class OutboxSession(Session):
+    """The outbox lifecycle's own connection, with ``synchronous_commit = off``.
+
+    Claims and settlements are the dispatcher's bookkeeping, not anything a client
+    was told: losing the last few to a database crash is safe.  A lost claim leaves
+    the row pending (it is sent again: delivery is at least once, and every message
+    tolerates a duplicate); a lost settlement leaves it claimed, and the reaper
+    makes it outcome_unknown for reconciliation.  So they need not wait for a WAL
+    flush, and they do not queue behind the writer's request batches.
+    """
+
+    application_name = "troth-outbox"
+    settings = ("SET synchronous_commit = off",)
+
+
 class PostgresOutbox:
     """The outbox-row lifecycle (``store.rows.OutboxLifecycle``) over the outbox table.
 
     Row for row what memory.py's ``MemoryOutbox`` does, each call one transaction
-    (re-run on conflicts).  Claims take ``FOR UPDATE SKIP LOCKED``, so dispatchers on
-    several nodes split the due rows; settlements lock the row they check.  With
-    :attr:`routing` set, a node claims only what it can deliver (see ``_CLAIM_ROUTED``).
+    (re-run on conflicts) on a connection of its own (:class:`OutboxSession`, opened
+    on first use), so it may run on another thread than the writer's, at the same
+    time (:attr:`independent`).  Claims take ``FOR UPDATE SKIP LOCKED``, so
+    dispatchers on several nodes split the due rows; settlements lock the row they
+    check.  With :attr:`routing` set, a node claims only what it can deliver (see
+    ``_CLAIM_ROUTED``).
     """
+
+    #: Safe to call from any thread, concurrently with the store's batches.
+    independent = True
 
     def __init__(self, store: PostgresStore) -> None:
         self.store = store
         self.routing: Routing | None = None
+        self._session: OutboxSession | None = None
+        self._opening = threading.Lock()
+
+    @property
+    def session(self) -> OutboxSession:
+        with self._opening:
+            if self._session is None:
+                store = self.store
+                self._session = OutboxSession(
+                    store.url, max_attempts=store.max_attempts, lock_timeout=store.lock_timeout
+                )
+            return self._session
+
+    def run(self, fn: Callable[[Cur], T]) -> T:
+        return self.session.run(fn)
+
+    def close(self) -> None:
+        with self._opening:
+            if self._session is not None:
+                self._session.close()
+                self._session = None
 
     def claim_due(self, worker_id: str, now: int, limit: int, token: str) -> list[OutboxRow]:
         """Pending rows available by ``now``, oldest ``(available_at, id)`` first."""
@@ -1240,14 +1531,32 @@ class PostgresOutbox:
                 pairs=list(pairs),
             )
             sql = _CLAIM_ROUTED
-        claimed = self.store.run(lambda cur: cur.execute(sql, params).fetchall())
+        claimed = self.run(lambda cur: cur.execute(sql, params).fetchall())
         out = [_outbox_row(r) for r in claimed]
         out.sort(key=lambda r: (r.available_at, r.id))  # RETURNING has no order
         return out
 
     def settle_many(self, items: Sequence[rows.Settlement]) -> list[bool]:
-        """Several settlements in one transaction, in the order given."""
-        return self.store.run(lambda cur: [self._settle(cur, *item) for item in items])
+        """Several settlements in one transaction, in the order given.
+
+        Settlements that end a row (completed, failed, outcome_unknown) of distinct
+        rows are one statement: the dispatcher's common case.  A requeue (which may
+        meet a newer pending row of its key) or a row named twice goes one by one.
+        """
+        ids = [item[0] for item in items]
+        if len(set(ids)) == len(ids) and all(item[2] != rows.PENDING for item in items):
+            return self.run(lambda cur: self._finish_many(cur, items))
+        return self.run(lambda cur: [self._settle(cur, *item) for item in items])
+
+    @staticmethod
+    def _finish_many(cur: Cur, items: Sequence[rows.Settlement]) -> list[bool]:
+        values = [
+            (row_id, token, state, int(state == rows.FAILED), code, str(now))
+            for row_id, token, state, now, code, _ in items
+        ]
+        columns = [list(column) for column in zip(*values, strict=True)]
+        done = {r[0] for r in cur.execute(_FINISH_MANY, columns).fetchall()}
+        return [item[0] in done for item in items]
 
     def _settle(
         self,
@@ -1273,7 +1582,7 @@ class PostgresOutbox:
         return True
 
     def unknown_rows(self, limit: int) -> list[OutboxRow]:
-        found = self.store.run(lambda cur: cur.execute(_UNKNOWN_ROWS, (limit,)).fetchall())
+        found = self.run(lambda cur: cur.execute(_UNKNOWN_ROWS, (limit,)).fetchall())
         return [_outbox_row(r) for r in found]
 
     def settle_unknown(self, row_id: int, now: int, state: str, code: str | None) -> bool:
@@ -1288,23 +1597,21 @@ class PostgresOutbox:
                 cur.execute(_FINISH, (state, attempts, code, now, row_id))
             return True
 
-        return self.store.run(settle)
+        return self.run(settle)
 
     def release_expired_claims(self, cutoff: int, now: int, code: str) -> int:
         """Claims older than ``cutoff`` may have been sent: their outcome is unknown."""
-        return self.store.run(
-            lambda cur: cur.execute(_RELEASE_EXPIRED, (code, now, cutoff)).rowcount
-        )
+        return self.run(lambda cur: cur.execute(_RELEASE_EXPIRED, (code, now, cutoff)).rowcount)
 
     def purge_completed(self, before: int) -> int:
-        return self.store.run(lambda cur: cur.execute(_PURGE_COMPLETED, (before,)).rowcount)
+        return self.run(lambda cur: cur.execute(_PURGE_COMPLETED, (before,)).rowcount)
 
     def next_due(self) -> int | None:
         def read(cur: Cur) -> int | None:
             row = cur.execute(_NEXT_DUE).fetchone()
             return None if row is None else row[0]
 
-        return self.store.run(read)
+        return self.run(read)
 
     @staticmethod
     def _requeue(
