@@ -19,7 +19,7 @@ import psycopg
 import pytest
 
 from pg import ADMIN_URL
-from troth.bench import peers, runner, workloads
+from troth.bench import drivers, peers, runner, workloads
 from troth.bench import pg as bench_pg
 from troth.bench.client import BenchFailure, Client
 from troth.bench.measure import Samples
@@ -300,3 +300,17 @@ def test_postgres_ceilings_without_pgbench(tmp_path: Path, monkeypatch: pytest.M
     assert found["method"] == "psycopg insert loop"
     assert found["commits"] > 0 and found["serial"] > 0 and found["rows"] > 0
     assert found["commits_latency"]["p50"] > 0
+
+
+def test_driver_comparison_runs_psycopg_and_reports_it() -> None:
+    """The psycopg half of ``python -m troth.bench.drivers`` (asyncpg is the bench
+    extra's): it really commits, and the report carries its figure."""
+    with bench_pg.throwaway(ADMIN_URL) as url:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(drivers._SETUP)
+        figure = drivers.run_psycopg(url, "off", 0.3)
+        with psycopg.connect(url) as conn:
+            stored = conn.execute("SELECT count(*), max(n) FROM drivers_bench").fetchone()
+    assert figure.transactions > 10 and figure.per_second > 0
+    assert stored == (min(figure.transactions, drivers.IDS), figure.transactions - 1)
+    assert "psycopg   off" in drivers.report([figure])
