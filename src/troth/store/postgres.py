@@ -351,13 +351,14 @@ _UPSERT_MESSAGES: Final = (
 
 _BRANCH: Final = f"SELECT {_PROMISE_COLS} FROM promises WHERE branch = %s ORDER BY id LIMIT %s"
 _DUE_PROMISES: Final = (
-    "SELECT id FROM promises WHERE state = 'pending' AND external AND timeout_at <= %s"
+    f"SELECT {_PROMISE_COLS} FROM promises"
+    " WHERE state = 'pending' AND external AND timeout_at <= %s"
     " ORDER BY timeout_at, id LIMIT %s FOR UPDATE SKIP LOCKED"
 )
 # A task is either pending or acquired, so its one live deadline is a CASE; one
 # query (not SQLite's UNION ALL, which cannot take FOR UPDATE) keeps the LIMIT exact.
 _DUE_TASKS: Final = (
-    "SELECT id FROM tasks"
+    f"SELECT {_TASK_COLS} FROM tasks"
     " WHERE (state = 'pending' AND retry_at <= %(now)s)"
     " OR (state = 'acquired' AND expires_at <= %(now)s)"
     " ORDER BY CASE WHEN state = 'pending' THEN retry_at ELSE expires_at END, id"
@@ -868,10 +869,25 @@ class PostgresBackend(Backend):
         return [r[0] for r in self.cur.execute(sql, params)]
 
     def due_promises(self, now: int, limit: int) -> list[str]:
-        return self._ids(_DUE_PROMISES, (now, limit))
+        """Due ids; the rows come along (locked) and serve the timer's next reads."""
+        self.flush()
+        found = [_promise(r) for r in self.cur.execute(_DUE_PROMISES, (now, limit))]
+        for p in found:
+            self.touched["promises"].add(p.id)
+            self._seen(self.seen_promises, "promise", p.id, True)
+            self.promises.setdefault(p.id, p)
+        return [p.id for p in found]
 
     def due_tasks(self, now: int, limit: int) -> list[str]:
-        return self._ids(_DUE_TASKS, {"now": now, "limit": limit})
+        """As :meth:`due_promises`; the task's promise is locked when it is read."""
+        self.flush()
+        params = {"now": now, "limit": limit}
+        found = [_task(r) for r in self.cur.execute(_DUE_TASKS, params)]
+        for t in found:
+            self.touched["tasks"].add(t.id)
+            self._seen(self.seen_tasks, "task", t.id, True)
+            self.tasks.setdefault(t.id, t)
+        return [t.id for t in found]
 
     def due_schedules(self, now: int, limit: int) -> list[str]:
         return self._ids(_DUE_SCHEDULES, (now, limit))
