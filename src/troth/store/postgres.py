@@ -6,22 +6,33 @@ other processes write the same rows at the same time.  How, and why:
 
 * **One transaction per group-commit batch**, READ COMMITTED, on one connection
   owned by the store (the engine calls the store from its single writer thread,
-  under :attr:`Store.lock`).
-* **Point reads lock what they read.**  ``get_promise``, ``get_task`` and
-  ``get_schedule`` are ``SELECT … FOR UPDATE``, so a row a batch has read stays as
-  read until the batch commits, and every answer is computed from rows nobody else
-  can change meanwhile.  ``get_task`` locks the task's promise (same id) first: the
-  machine reads a task and its promise in either order (``task.acquire`` task
-  first, ``promise.settle`` promise first), and one fixed order per id removes the
-  commonest deadlock between two nodes.
+  under :attr:`Store.lock`).  The outbox lifecycle (claims, settlements) has a
+  connection and a thread of its own (:class:`OutboxSession`), with
+  ``synchronous_commit = off``: it does not wait behind request batches.
+* **Reads lock what they read, once.**  A batch starts by reading, locked, every
+  row its requests name (``prefetch``: one ``SELECT … WHERE id = ANY(…) ORDER BY
+  id FOR UPDATE`` per table); other point reads are ``SELECT … FOR UPDATE`` as the
+  machine reaches them.  A row a batch has read stays as read until it commits,
+  so the backend keeps it (updated by the batch's own writes) and answers later
+  reads from memory: every answer is computed from rows nobody else can change
+  meanwhile, at the cost of a few statements per batch rather than one per read.
+  ``get_task`` locks the task's promise (same id) first: the machine reads a task
+  and its promise in either order (``task.acquire`` task first,
+  ``promise.settle`` promise first), and one fixed order per id removes the
+  commonest deadlock between two nodes.  Due lists bring their rows along.
 * **Absent rows lock nothing**; instead the backend remembers which ids it read as
   absent.  Writing such an id is a plain ``INSERT``, so if another node created it
   meanwhile the insert fails with a unique violation; reading it again and finding
   it means the same.  Either way this batch's view is stale.
-* **Writes** go per table in sorted id order (the outbox in emission order, since
-  row ids are handed out in that order and decide delivery order), in one pipeline.
-  Outbox rows never need an order of their own: a job writes a message only for a
-  task or promise whose row it already holds.
+* **Writes are deferred and coalesced**: they wait in the backend until a statement
+  must see them (a read the cache cannot answer, a scan) or the COMMIT, then go
+  as one multi-row statement per table (parallel arrays, binary parameters), the
+  last version of each row in sorted id order and the outbox in emission order
+  (row ids are handed out in that order and decide delivery order).  Outbox rows
+  never need an order of their own: a job writes a message only for a task or
+  promise whose row it already holds.  A deferred write that fails for a reason
+  a re-run cannot cure cannot be pinned on one job, so the batch runs again
+  writing job by job (``_Careful``), and the failing job is set aside alone.
 * **Stale view, deadlock or lock timeout: run the batch again.**  The machine is
   pure (a job's effect depends only on what it read), so a batch that meets
   SQLSTATE 40001, 40P01, 23505 or 55P03, a lost connection before COMMIT, or a
