@@ -138,6 +138,10 @@ def serve(settings: Settings) -> int:
         access_log=False,
         log_level=settings.log_level.lower(),
         timeout_graceful_shutdown=10,
+        # Per-request work troth does not use: X-Forwarded-* rewriting (troth reads
+        # no client address) and a "server: uvicorn" header on every answer.
+        proxy_headers=False,
+        server_header=False,
     )
     uvicorn.Server(config).run()
     return 0
