@@ -15,7 +15,7 @@ from troth.machine.internal import Config, Recorder, fire_due, settle_enabled
 from troth.machine.state import Response, error
 from troth.machine.tx import Tx
 from troth.protocol import requests as rq
-from troth.protocol.requests import BadRequest
+from troth.protocol.requests import BadRequest, decode_data
 
 Handler = Callable[[Tx, Any, int], Response]
 
@@ -61,6 +61,22 @@ def lock_keys(req: rq.Req) -> tuple[str, ...]:
         return (req.awaited,)
     if isinstance(req, rq.TaskHeartbeat):
         return tuple(t.id for t in req.tasks)
+    if isinstance(req, rq.TaskSuspend | rq.TaskFence | rq.TaskCreate):
+        # The promises its actions name (a suspend's awaited, a fence's or a create's
+        # promise); an action that does not decode is refused later, before any read.
+        keys = [req.id] if isinstance(req, rq.TaskSuspend | rq.TaskFence) else []
+        actions = req.actions if isinstance(req, rq.TaskSuspend) else [req.action]
+        for action in actions:
+            try:
+                inner = decode_data(action.kind, action.data)
+            except BadRequest:
+                continue
+            for name in ("awaited", "id"):
+                value = getattr(inner, name, None)
+                if isinstance(value, str):
+                    keys.append(value)
+                    break
+        return tuple(keys)
     if isinstance(req, rq.ScheduleGet | rq.ScheduleCreate | rq.ScheduleDelete):
         return ()  # schedule ids are another table's
     id = getattr(req, "id", None)
