@@ -26,6 +26,7 @@ from troth.machine.state import (
     acquire,
     error,
     new_promise,
+    project,
     read_promise,
     read_task,
     set_settled,
@@ -46,11 +47,12 @@ def preload(tx: Tx, p: Promise, now: int) -> list[object]:
     if not branch:
         return []
     out: list[object] = []
+    # The scan already answers as this transaction sees it (its own writes merged):
+    # project those rows rather than read each sibling again (on PostgreSQL a point
+    # read is a locked round trip per sibling).
     for q in tx.promises_in_branch(branch, PRELOAD_LIMIT + 1):
         if q.id != p.id and len(out) < PRELOAD_LIMIT:
-            projected = read_promise(tx, q.id, now)
-            if projected is not None:
-                out.append(projected.record())
+            out.append(project(q, now).record())
     return out
 
 
