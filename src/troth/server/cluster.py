@@ -12,12 +12,17 @@ request that produced it was served.  How:
   the ``poll://`` rows it can deliver itself, plus rows no live node can deliver
   (tried, found undeliverable, backed off — as on one node); http(s) rows go to any
   node.  ``FOR UPDATE SKIP LOCKED`` keeps two nodes off the same row.
-* **Wake-ups.**  A batch that wrote outbox rows or armed a deadline sends
-  ``NOTIFY troth`` at its COMMIT (``PostgresStore._announce``); every node LISTENs, so
-  the node holding the connection sweeps at once and every timer learns of earlier
-  deadlines.  No polling on the hot path: the delivery loop's 1 s maintenance sweep
-  and the timer's re-read of the global next deadline are the only fallbacks, for a
-  notification lost while a connection was down.
+* **Wake-ups.**  Right after a commit, on the writer thread, the node first claims
+  what it can deliver itself; if messages of that commit are left, it sends
+  ``NOTIFY troth`` (on the outbox connection, ``PostgresOutbox.notify``), and so it
+  does for a deadline earlier than the one its timer sleeps until.  Every node
+  LISTENs: the node holding the connection sweeps at once, every timer learns of
+  earlier deadlines.  Not in the batch's own transaction: a notifying COMMIT takes
+  a database-wide lock through its WAL flush, which would serialise the writers'
+  commits across nodes.  No polling on the hot path: the delivery loop's 1 s
+  maintenance sweep and a timer re-read every 5 s are the fallbacks, for a
+  notification lost while a connection was down or by a node that died between
+  its commit and its announcement.
 * **Death.**  A node whose heartbeat is older than ``node_timeout`` is dead: its
   connections stop counting at once (its workers reconnect to another node, which
   then claims their messages), and the first live node to notice moves the dead
@@ -120,7 +125,8 @@ class Cluster:
         self.store.outbox.routing = Routing(
             self.node, round(self.node_timeout * 1000), lambda: self._reach
         )
-        self.store.notify_as = self.node
+        self.delivery.announce = self.announce_unclaimed
+        self.engine.on_deadline = self.announce_deadline
         self.registry.on_change = self._changed
         self._changed()
         self._tasks = [
@@ -140,6 +146,8 @@ class Cluster:
                 pass
         self._tasks = []
         self.registry.on_change = None
+        self.delivery.announce = None
+        self.engine.on_deadline = None
         async with self._lock:
             try:
                 conn = await self._writer()
@@ -277,6 +285,16 @@ class Cluster:
                 if conn is not None:
                     await conn.close()
             await asyncio.sleep(1.0)
+
+    def announce_unclaimed(self, messages: int) -> None:
+        """Wake the other nodes for ``messages`` this node did not claim (writer
+        thread, right after the commit that wrote them and this node's own claim)."""
+        self.store.outbox.notify(f"{self.node} {messages} -")
+
+    def announce_deadline(self, deadline: int) -> None:
+        """Wake the other nodes' timers for a deadline earlier than any this node
+        knew of (writer thread, right after the commit that armed it)."""
+        self.store.outbox.notify(f"{self.node} 0 {deadline}")
 
     def _heard(self, payload: str) -> None:
         node, _, rest = payload.partition(" ")

@@ -40,6 +40,8 @@ MAX_BATCH = 256
 #: Milliseconds before a timer on a shared store looks again at a due deadline that
 #: another node was firing.
 SHARED_RECHECK_MS = 50
+#: Longest sleep of a timer on a shared store between two reads of the next deadline.
+SHARED_MAX_SLEEP = 5.0
 
 
 def wall_clock_ms() -> int:
@@ -82,7 +84,10 @@ class Engine:
         self.on_resume: Callable[[], None] | None = None
         #: Runs on the writer thread right after a commit that wrote outbox rows,
         #: before the next batch starts (delivery claims them there: no queue wait).
-        self.after_commit: Callable[[], None] | None = None
+        self.after_commit: Callable[[int], None] | None = None
+        #: Runs on the writer thread after a commit that armed a deadline earlier than
+        #: the one the timer sleeps until (the cluster tells the other nodes).
+        self.on_deadline: Callable[[int], None] | None = None
         self.stats = EngineStats()
         self.paused = False
         self._queue: queue.SimpleQueue[_Work | None] = queue.SimpleQueue()
@@ -227,10 +232,12 @@ class Engine:
         loop.call_soon_threadsafe(_deliver, results)
         if earliest < self._target:
             loop.call_soon_threadsafe(self._poke, earliest)
+            if self.on_deadline is not None:
+                self.on_deadline(int(earliest))
         if self.on_commit is not None:
             self.on_commit(len(works), messages)
-        if messages and self.after_commit is not None and not self.paused:
-            self.after_commit()
+        if messages and self.after_commit is not None:
+            self.after_commit(messages)
 
     # -- the timer ------------------------------------------------------------------------
 
@@ -285,6 +292,10 @@ class Engine:
                 deadline += 1000
             self._target = math.inf if deadline is None else deadline
             delay = None if deadline is None else max(deadline - self.clock(), 0) / 1000
+            if self.store.shared and (delay is None or delay > SHARED_MAX_SLEEP):
+                # Other nodes announce earlier deadlines, but one that crashed between
+                # its commit and its announcement would not: look again now and then.
+                delay = SHARED_MAX_SLEEP
             await wait_event(self._wake, delay)
 
     def _next_deadline(self) -> int | None:

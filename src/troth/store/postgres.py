@@ -60,10 +60,10 @@ other processes write the same rows at the same time.  How, and why:
 * **Timer and delivery work is shared, not duplicated**: due lists and outbox
   claims are ``FOR UPDATE SKIP LOCKED``, so two nodes never fire the same deadline
   or claim the same row at once, and neither waits for the other.
-* **Several nodes** (``server/cluster.py``): a batch that wrote outbox rows or armed
-  a deadline sends ``NOTIFY troth`` at its COMMIT, so peers wake instead of
-  polling; with :attr:`PostgresOutbox.routing` set, a node claims only the
-  ``poll://`` rows it can deliver (``_CLAIM_ROUTED``).
+* **Several nodes** (``server/cluster.py``): with :attr:`PostgresOutbox.routing`
+  set, a node claims only the ``poll://`` rows it can deliver (``_CLAIM_ROUTED``);
+  :meth:`PostgresOutbox.notify` wakes the others (messages it left, an earlier
+  deadline).
 * **Integers**: instants, versions and ttls are ``NUMERIC`` (exact, unbounded,
   numerically ordered), so the protocol's naturals beyond 2**63 round-trip exactly,
   as in memory.py, rather than being refused.
@@ -122,7 +122,7 @@ from troth.store.base import (
     StoreUnavailable,
     Writes,
 )
-from troth.store.memory import earliest_deadline, snap_promise, snap_row, snap_task
+from troth.store.memory import snap_promise, snap_row, snap_task
 from troth.store.migrate import Migration, SchemaError, SchemaTooNew
 from troth.store.rows import OutboxRow
 from troth.transport.address import parse_poll
@@ -459,7 +459,8 @@ _RELEASE_EXPIRED: Final = (
 _PURGE_COMPLETED: Final = "DELETE FROM outbox WHERE state = 'completed' AND updated_at < %s"
 _NEXT_DUE: Final = "SELECT min(available_at) FROM outbox WHERE state = 'pending'"
 
-#: The channel of ``_announce``; its payload is ``"{node} {messages} {deadline|-}"``.
+#: The channel of ``PostgresOutbox.notify``; its payload is
+#: ``"{node} {messages} {deadline|-}"`` (``server/cluster.py``).
 CHANNEL: Final = "troth"
 # At COMMIT, a notifying transaction takes one database-wide lock, held by the other
 # notifying commits for the length of their flush: waiting for it is not a deadlock
@@ -1233,9 +1234,6 @@ class PostgresStore(Session, Store):
         Session.__init__(self, url, max_attempts=max_attempts, lock_timeout=lock_timeout)
         #: Batches re-run after a job was set aside (``retries``: after a conflict).
         self.reruns = 0
-        #: This node's name in notifications; None: announce nothing (one node alone,
-        #: or a store used outside a server).
-        self.notify_as: str | None = None
         try:
             migrate(self.conn)
         except BaseException:
@@ -1347,8 +1345,6 @@ class PostgresStore(Session, Store):
                     raise _Retry() from exc
                 raise
         outcomes: list[Outcome[Any]] = []
-        messages = 0
-        earliest: int | None = None
         for i, job in enumerate(jobs):
             if i in aside:
                 outcomes.append(Outcome(error=aside[i]))
@@ -1379,13 +1375,7 @@ class PostgresStore(Session, Store):
                         raise _Retry() from exc
                     aside[i] = exc
                     raise _Rerun() from exc
-                messages += len(overlay.writes.messages)
-                armed = earliest_deadline(overlay.writes)
-                if armed is not None and (earliest is None or armed < earliest):
-                    earliest = armed
             outcomes.append(Outcome(value=value, wrote=bool(overlay.writes)))
-        if self.notify_as is not None and (messages or earliest is not None):
-            self._announce(backend, messages, earliest)
         try:
             backend.flush()
         except _FlushFailed as exc:
@@ -1402,16 +1392,6 @@ class PostgresStore(Session, Store):
             # The connection broke while COMMIT was under way: it may have happened.
             raise StoreUnavailable(f"COMMIT failed, its outcome is unknown: {exc}") from exc
         return outcomes
-
-    def _announce(self, backend: PostgresBackend, messages: int, earliest: int | None) -> None:
-        """Tell the other nodes, at COMMIT, that this batch wrote outbox rows or armed
-        a deadline (``server/cluster.py`` listens): their delivery loops and timers
-        wake for it instead of polling.  Rolled back with the batch if it re-runs.
-        Sent with the batch's last writes."""
-        payload = f"{self.notify_as} {messages} {'-' if earliest is None else earliest}"
-        backend.pending.append((_NOTIFY, (payload,)))
-
-    # -- whole-store operations -------------------------------------------------------------
 
     def reset(self) -> None:
         """Delete every row of every node, and restart outbox ids at 1 (debug only).
@@ -1537,6 +1517,10 @@ class PostgresOutbox:
 
     def run(self, fn: Callable[[Cur], T]) -> T:
         return self.session.run(fn)
+
+    def notify(self, payload: str) -> None:
+        """``NOTIFY troth`` on the outbox connection, at once (its own transaction)."""
+        self.run(lambda cur: cur.execute(_NOTIFY, (payload,)))
 
     def close(self) -> None:
         with self._opening:
