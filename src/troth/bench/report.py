@@ -68,65 +68,49 @@ def series_rows(series: Sequence[Series]) -> list[list[str]]:
     return rows
 
 
+QUANTILES = ("p50", "p90", "p99", "max")
+
+
+def _ceiling(label: str, value: float | None, unit: str, q: dict[str, float] | None) -> list[str]:
+    """One row of the limits table: a rate and, when measured, its latencies."""
+    latencies = ["", "", "", ""] if q is None else [ms(q.get(k)) for k in QUANTILES]
+    return [label, "", f"{value:,.0f} {unit}" if value else "-", *latencies]
+
+
 def limits_lines(limits: Limits, synchronous: str) -> list[str]:
     http = limits.http
     if limits.pg_method:
-        q, one = limits.pg_commit_latency, limits.pg_serial_latency
         n = limits.pg_clients
         rows = [
-            [
+            _ceiling(
                 f"raw PostgreSQL, 1 row per commit, {n} connections",
-                "",
-                f"{limits.pg_commits:,.0f} commits/s" if limits.pg_commits else "-",
-                ms(q.get("p50")),
-                ms(q.get("p90")),
-                ms(q.get("p99")),
-                ms(q.get("max")),
-            ],
-            [
+                limits.pg_commits,
+                "commits/s",
+                limits.pg_commit_latency,
+            ),
+            _ceiling(
                 "raw PostgreSQL, 1 row per commit, 1 connection",
-                "",
-                f"{limits.pg_serial:,.0f} commits/s" if limits.pg_serial else "-",
-                ms(one.get("p50")),
-                ms(one.get("p90")),
-                ms(one.get("p99")),
-                ms(one.get("max")),
-            ],
-            [
-                "raw PostgreSQL, 100 rows per commit, 1 connection",
-                "",
-                f"{limits.pg_rows:,.0f} rows/s" if limits.pg_rows else "-",
-                "",
-                "",
-                "",
-                "",
-            ],
+                limits.pg_serial,
+                "commits/s",
+                limits.pg_serial_latency,
+            ),
+            _ceiling(
+                "raw PostgreSQL, 100 rows per commit, 1 connection", limits.pg_rows, "rows/s", None
+            ),
         ]
         title = (
             "limits (same machine, same PostgreSQL server, a throwaway database;"
             f" {limits.pg_method}, promise-sized rows)"
         )
     else:
-        q = limits.sqlite_commit_latency
         rows = [
-            [
+            _ceiling(
                 "raw SQLite, 1 row per durable commit",
-                "",
-                f"{limits.sqlite_commits:,.0f} commits/s" if limits.sqlite_commits else "-",
-                ms(q.get("p50")),
-                ms(q.get("p90")),
-                ms(q.get("p99")),
-                ms(q.get("max")),
-            ],
-            [
-                "raw SQLite, 100 rows per commit",
-                "",
-                f"{limits.sqlite_rows:,.0f} rows/s" if limits.sqlite_rows else "-",
-                "",
-                "",
-                "",
-                "",
-            ],
+                limits.sqlite_commits,
+                "commits/s",
+                limits.sqlite_commit_latency,
+            ),
+            _ceiling("raw SQLite, 100 rows per commit", limits.sqlite_rows, "rows/s", None),
         ]
         title = f"limits (same machine and file system, synchronous={synchronous.upper()})"
     if http is not None:
@@ -136,10 +120,7 @@ def limits_lines(limits: Limits, synchronous: str) -> list[str]:
                 "bare HTTP round trip (empty POST)",
                 "",
                 rate(http),
-                ms(h.get("p50")),
-                ms(h.get("p90")),
-                ms(h.get("p99")),
-                ms(h.get("max")),
+                *(ms(h.get(k)) for k in QUANTILES),
             ]
         )
     lines = [title]
