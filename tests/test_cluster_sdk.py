@@ -45,9 +45,6 @@ URL it was given, but it is what an operator sets behind a balancer.
 
 from __future__ import annotations
 
-import base64
-import itertools
-import json
 import re
 import sys
 import time
@@ -64,7 +61,7 @@ import pytest
 from lb import LoadBalancer
 from pg import throwaway_database
 from sdk_env import Proc, Procs, PythonSdk, build_python_sdk
-from support import VERSION, free_port
+from troth_process import TrothProcess
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -91,7 +88,6 @@ GRANT = re.compile(r"troth\.grants acquired task=(\S+) version=(\d+) pid=(\S+)")
 SERVER_ERROR = re.compile(r"troth\.access \S+ corrId=\S+ status=5\d\d")
 #: How the SDK logs a request that failed with a server error (5xx).
 SDK_SERVER_ERROR = re.compile(r"server error \(code=5\d\d\).*")
-_corr = itertools.count(1)
 
 
 def expected(i: int) -> int:
@@ -116,28 +112,12 @@ def _stamp(line: str) -> float:
     )
 
 
-class Node:
+class Node(TrothProcess):
     """One ``troth serve --store postgres`` process of the cluster."""
 
     def __init__(self, procs: Procs, name: str, postgres_url: str) -> None:
-        self.procs = procs
-        self.name = name
+        super().__init__(procs, name)
         self.postgres_url = postgres_url
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc: Proc | None = None
-        self.killed = False
-        procs.sentinels.append(self.wedged)
-
-    def wedged(self) -> str | None:
-        """Why this node can no longer answer, unless the test killed it."""
-        if self.proc is None or self.killed:
-            return None
-        if not self.proc.alive():
-            return f"node {self.name} exited with {self.proc.popen.returncode}"
-        if "Exception in thread" in self.proc.err():
-            return f"a thread of node {self.name} died, so it is wedged"
-        return None
 
     def start(self, server_url: str) -> None:
         """Start; ``server_url`` is what its execute messages tell workers."""
@@ -150,35 +130,10 @@ class Node:
         ]
         self.proc = self.procs.start(self.name, argv)
 
-    def ready(self) -> bool:
-        if self.proc is not None and not self.proc.alive():
-            self.procs.fail(f"node {self.name} exited at startup")
-        try:
-            return httpx.get(f"{self.url}/ready", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    def kill(self) -> float:
-        """SIGKILL: no shutdown runs, its sockets and database sessions just vanish."""
-        assert self.proc is not None
-        self.killed = True
-        self.proc.kill()
+    def kill_at(self) -> float:
+        """SIGKILL it; the wall-clock instant of the kill."""
+        self.kill()
         return time.time()
-
-    def call(self, kind: str, data: Any, timeout: float = 10) -> tuple[int, Any]:
-        head = {"corrId": f"cluster-{next(_corr)}", "version": VERSION}
-        r = httpx.post(
-            f"{self.url}/", json={"kind": kind, "head": head, "data": data}, timeout=timeout
-        )
-        body = r.json()
-        return int(body["head"]["status"]), body["data"]
-
-    def promise_value(self, id: str) -> tuple[str, Any]:
-        status, data = self.call("promise.get", {"id": id})
-        assert status == 200, (self.name, id, status, data)
-        promise = data["promise"]
-        raw = promise["value"].get("data")
-        return promise["state"], json.loads(base64.b64decode(raw)) if raw is not None else None
 
     def sse_connections(self) -> int:
         """The node's ``troth_sse_connections`` gauge (its open worker streams)."""
@@ -346,7 +301,7 @@ def test_node_killed_mid_run(
     victim = candidates()[0]
     survivor = n2 if victim is n1 else n1
     cut = sorted(pid for pid, port in worker_streams().items() if port == victim.port)
-    killed_at = victim.kill()
+    killed_at = victim.kill_at()
     killed_mono = time.monotonic()
     claims_at_kill = unsettled_claims(postgres_url, victim.name)
     starts_at_kill = started(workers)

@@ -14,21 +14,17 @@ exact lines the example programs print in the SDKs' own in-process mode
 
 from __future__ import annotations
 
-import base64
-import itertools
-import json
 import re
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
 from sdk_env import NodeSdk, Proc, Procs, PythonSdk, build_node_sdk, build_python_sdk
-from support import VERSION, free_port
+from troth_process import TrothProcess
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -55,31 +51,15 @@ EXAMPLE_TS = [
     "rpc_fanout -> 285",
     "rpc        -> 49",
 ]
-_corr = itertools.count(1)
 
 
-class TrothServer:
+class TrothServer(TrothProcess):
     """``troth serve`` as a child process that can be killed and restarted in place."""
 
     def __init__(self, procs: Procs, db: Path) -> None:
-        self.procs = procs
+        super().__init__(procs, "server")
         self.db = db
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
         self.generation = 0
-        self.proc: Proc | None = None
-        self.down = False
-        procs.sentinels.append(self.wedged)
-
-    def wedged(self) -> str | None:
-        """Why the server can no longer answer, if so; makes every wait fail at once."""
-        if self.proc is None or self.down:
-            return None
-        if not self.proc.alive():
-            return f"{self.proc.name} exited with {self.proc.popen.returncode}"
-        if "Exception in thread" in self.proc.err():
-            return f"a thread of {self.proc.name} died, so the server is wedged"
-        return None
 
     def start(self) -> None:
         """Start (again) on the same port and file; return once GET /ready answers 200."""
@@ -90,42 +70,9 @@ class TrothServer:
             *["--store", "sqlite", "--db", str(self.db)],
             *["--retry-timeout", str(RETRY_TIMEOUT_MS), "--log-level", "info"],
         ]
-        proc = self.procs.start(f"server-{self.generation}", argv)
-        self.proc = proc
+        self.proc = self.procs.start(f"server-{self.generation}", argv)
         self.down = False
-
-        def ready() -> bool:
-            if not proc.alive():
-                self.procs.fail("troth serve exited at startup")
-            try:
-                return httpx.get(f"{self.url}/ready", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        self.procs.wait_for("GET /ready", ready, 30)
-
-    def kill(self) -> None:
-        """SIGKILL the server: no graceful shutdown, only what SQLite committed survives."""
-        assert self.proc is not None
-        self.down = True
-        self.proc.kill()
-
-    def call(self, kind: str, data: Any, timeout: float = 10) -> tuple[int, Any]:
-        """One protocol request, as the SDKs send it."""
-        head = {"corrId": f"e2e-{next(_corr)}", "version": VERSION}
-        envelope = {"kind": kind, "head": head, "data": data}
-        r = httpx.post(f"{self.url}/", json=envelope, timeout=timeout)
-        body = r.json()
-        return int(body["head"]["status"]), body["data"]
-
-    def promise_value(self, id: str) -> tuple[str, Any]:
-        """``(state, decoded value)`` of a promise, read over HTTP."""
-        status, data = self.call("promise.get", {"id": id})
-        assert status == 200, (id, status, data)
-        promise = data["promise"]
-        raw = promise["value"].get("data")
-        value = json.loads(base64.b64decode(raw)) if raw is not None else None
-        return promise["state"], value
+        self.procs.wait_for("GET /ready", self.ready, 30)
 
     def problems(self) -> list[str]:
         """Error-level log lines and tracebacks the server wrote in any generation."""
