@@ -55,6 +55,9 @@ log = logging.getLogger("troth.cluster")
 
 AsyncConn = psycopg.AsyncConnection[tuple[Any, ...]]
 
+#: Seconds a starting node waits to be listening before it serves anyway.
+LISTEN_WAIT = 10.0
+
 _NOW_MS = "extract(epoch FROM clock_timestamp()) * 1000"
 _REGISTER = (
     "INSERT INTO nodes (node, url, started_at, seen_at)"
@@ -111,6 +114,7 @@ class Cluster:
         self._lock = asyncio.Lock()
         self._dirty = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        self._listening = asyncio.Event()
         self.heard = 0  # notifications from other nodes (tests, diagnostics)
         self.reaped = 0  # claims of dead nodes moved to outcome_unknown
 
@@ -133,6 +137,9 @@ class Cluster:
             asyncio.create_task(self._listen(), name="troth-cluster-listen"),
             asyncio.create_task(self._heartbeat(), name="troth-cluster-heartbeat"),
         ]
+        # Serve only once peers' announcements can be heard (they are not replayed).
+        if not await wait_event(self._listening, LISTEN_WAIT):
+            log.warning("node %s serves before it could LISTEN; it keeps trying", self.node)
         log.info("node %s joined (node_timeout %.1f s)", self.node, self.node_timeout)
 
     async def stop(self) -> None:
@@ -272,6 +279,7 @@ class Cluster:
             try:
                 conn = await self._connect()
                 await conn.execute(f"LISTEN {CHANNEL}")
+                self._listening.set()
                 # Whatever was announced while not listening: look now.
                 self.delivery.wake_here()
                 self.engine.hint(0)
