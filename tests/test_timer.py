@@ -92,3 +92,22 @@ def test_debug_start_pauses_the_timer(clocked: RunningServer) -> None:
     assert stored_state(clocked, "p") == "pending"
     clocked.ok("debug.stop", {})
     wait_for(lambda: stored_state(clocked, "p") == "rejected_timedout", 3)
+
+
+def test_a_failing_deadline_announcement_does_not_stop_the_writer(clocked: RunningServer) -> None:
+    """``on_deadline`` (the cluster's NOTIFY to other nodes) may fail — the database
+    just went away — after the commit: the request is answered and the writer goes
+    on serving."""
+    calls: list[int] = []
+
+    def failing(deadline: int) -> None:
+        calls.append(deadline)
+        raise RuntimeError("database went away")
+
+    clocked.app.engine.on_deadline = failing
+    tags = {"resonate:timer": "true"}
+    deadline = wall_ms() + 600_000
+    clocked.ok("promise.create", {"id": "t1", "timeoutAt": deadline, "tags": tags})
+    assert calls == [deadline]
+    clocked.ok("promise.create", {"id": "t2", "timeoutAt": deadline + 1, "tags": tags})
+    assert clocked.app.engine._thread is not None and clocked.app.engine._thread.is_alive()

@@ -233,7 +233,10 @@ class Engine:
         if earliest < self._target:
             loop.call_soon_threadsafe(self._poke, earliest)
             if self.on_deadline is not None:
-                self.on_deadline(int(earliest))
+                try:
+                    self.on_deadline(int(earliest))
+                except Exception as exc:  # a courtesy to other nodes: never fatal here
+                    log.warning("could not announce deadline %d: %s", earliest, exc)
         if self.on_commit is not None:
             self.on_commit(len(works), messages)
         if messages and self.after_commit is not None:
