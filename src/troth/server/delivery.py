@@ -222,8 +222,11 @@ class DeliveryLoop:
             rows = self.engine.store.outbox.claim_due(
                 self.config.worker_id, now, self.config.batch_size, token
             )
-        except Exception:
-            log.exception("claim after commit failed; the delivery loop will sweep")
+        except Exception as exc:
+            if isinstance(exc, StoreUnavailable):  # the database is away: no traceback
+                log.warning("claim after commit: %s; the delivery loop will sweep", exc)
+            else:
+                log.exception("claim after commit failed; the delivery loop will sweep")
             loop.call_soon_threadsafe(self._wake.set)
             self._announce(messages)
             return
