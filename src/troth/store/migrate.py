@@ -66,13 +66,18 @@ class Migration:
 
 @functools.cache
 def migrations() -> tuple[Migration, ...]:
-    """Every migration shipped with the package, in version order (1, 2, ... N).
+    """Every SQLite migration shipped with the package (``sql/``), in version order."""
+    return load_migrations("sql")
+
+
+def load_migrations(folder: str) -> tuple[Migration, ...]:
+    """Every ``NNN_name.sql`` in ``troth/store/<folder>``, in version order (1 … N).
 
     Versions must be contiguous from 1: a gap means a file went missing from the
     package, and running the later ones on top of it would build a wrong schema.
     """
     found: list[Migration] = []
-    for entry in resources.files("troth.store").joinpath("sql").iterdir():
+    for entry in resources.files("troth.store").joinpath(folder).iterdir():
         match = _FILE_NAME.match(entry.name)
         if match is None:
             continue

@@ -84,12 +84,10 @@ from __future__ import annotations
 import functools
 import logging
 import random
-import re
 import threading
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any, Final, TypeVar
 
 import msgspec
@@ -123,7 +121,7 @@ from troth.store.base import (
     Writes,
 )
 from troth.store.memory import snap_promise, snap_row, snap_task
-from troth.store.migrate import Migration, SchemaError, SchemaTooNew
+from troth.store.migrate import Migration, SchemaTooNew, load_migrations
 from troth.store.rows import OutboxRow
 from troth.transport.address import parse_poll
 
@@ -1011,7 +1009,6 @@ class PostgresBackend(Backend):
 
 # -- migrations -------------------------------------------------------------------------------
 
-_FILE_NAME: Final = re.compile(r"^(\d{3})_([a-z0-9_]+)\.sql$")
 #: ``pg_advisory_xact_lock`` key that serialises migrations across nodes ("troth").
 _MIGRATION_LOCK: Final = 0x74726F7468
 _CREATE_VERSION_TABLE: Final = (
@@ -1022,20 +1019,9 @@ _CREATE_VERSION_TABLE: Final = (
 
 @functools.cache
 def migrations() -> tuple[Migration, ...]:
-    """Every ``pgsql/NNN_name.sql`` shipped with the package, in version order.
-
-    Versions must run 1..N without gaps, as for SQLite (a gap is a missing file).
-    """
-    found: list[Migration] = []
-    for entry in resources.files("troth.store").joinpath("pgsql").iterdir():
-        match = _FILE_NAME.match(entry.name)
-        if match is not None:
-            found.append(Migration(int(match[1]), match[2], entry.read_text(encoding="utf-8")))
-    found.sort(key=lambda m: m.version)
-    versions = [m.version for m in found]
-    if versions != list(range(1, len(found) + 1)):
-        raise SchemaError(f"migrations must be numbered 1..N without gaps, found {versions}")
-    return tuple(found)
+    """Every ``pgsql/NNN_name.sql`` shipped with the package, in version order
+    (numbered 1..N without gaps, as for SQLite)."""
+    return load_migrations("pgsql")
 
 
 def latest_version() -> int:
