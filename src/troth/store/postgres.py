@@ -684,12 +684,11 @@ class PostgresBackend(Backend):
         self.defer = defer
         #: Deferred writes, coalesced: the last row written per id (and whether its
         #: first write in the batch was an INSERT), schedule statements in order,
-        #: the last message per key in emission order, then anything else.
+        #: the last message per key in emission order.
         self.pending_promises: dict[str, tuple[tuple[Any, ...], bool]] = {}
         self.pending_tasks: dict[str, tuple[tuple[Any, ...], bool]] = {}
         self.pending_schedules: list[tuple[str, Any]] = []
         self.pending_messages: dict[str, dict[str, Any]] = {}
-        self.pending: list[tuple[str, Any]] = []
 
     @staticmethod
     def _seen(seen: dict[str, bool], kind: str, id: str, found: bool) -> None:
@@ -721,11 +720,10 @@ class PostgresBackend(Backend):
 
     def _pending_statements(self) -> list[tuple[str, Any]]:
         statements: list[tuple[str, Any]] = []
-        for table, pending, insert, upsert, numeric in (
-            ("p", self.pending_promises, _INSERT_PROMISES, _UPSERT_PROMISES, _NUMERIC_P),
-            ("t", self.pending_tasks, _INSERT_TASKS, _UPSERT_TASKS, _NUMERIC_T),
+        for pending, insert, upsert, numeric in (
+            (self.pending_promises, _INSERT_PROMISES, _UPSERT_PROMISES, _NUMERIC_P),
+            (self.pending_tasks, _INSERT_TASKS, _UPSERT_TASKS, _NUMERIC_T),
         ):
-            del table
             for sql, new in ((insert, True), (upsert, False)):
                 rows = [row for id, (row, fresh) in sorted(pending.items()) if fresh is new]
                 if rows:
@@ -740,8 +738,6 @@ class PostgresBackend(Backend):
                 [None if m[f] is None else str(m[f]) for m in messages] for f in _MESSAGE_FIELDS
             ]
             statements.append((_UPSERT_MESSAGES, columns))
-        statements += self.pending
-        self.pending = []
         return statements
 
     def prefetch(self, ids: Touched) -> None:
@@ -927,29 +923,24 @@ class PostgresBackend(Backend):
         self.touched["promises"].update(writes.promises)
         self.touched["tasks"].update(writes.tasks)
         self.touched["schedules"].update(writes.schedules)
-        statements: list[tuple[str, Any]] = []
         seen_p, seen_t, seen_s = self.seen_promises, self.seen_tasks, self.seen_schedules
-        for id in sorted(writes.promises):
-            sql = _INSERT_PROMISE if seen_p.get(id) is False else _UPSERT_PROMISE
-            statements.append((sql, _promise_row(writes.promises[id])))
-        for id in sorted(writes.tasks):
-            sql = _INSERT_TASK if seen_t.get(id) is False else _UPSERT_TASK
-            statements.append((sql, _task_row(writes.tasks[id])))
-        for id in sorted(writes.schedules):
-            s = writes.schedules[id]
-            if s is None:
-                statements.append((_DELETE_SCHEDULE, (id,)))
-            else:
-                sql = _INSERT_SCHEDULE if seen_s.get(id) is False else _UPSERT_SCHEDULE
-                statements.append((sql, _schedule_row(s)))
-        for key, entry in writes.messages.items():
-            statements.append((_UPSERT_MESSAGE, _message_row(key, entry, now)))
         if self.defer:
             self._defer(writes, now)
-        elif len(statements) == 1:
-            self.cur.execute(*statements[0])
         else:
-            _pipelined(self.cur, statements)
+            statements: list[tuple[str, Any]] = []
+            for id in sorted(writes.promises):
+                sql = _INSERT_PROMISE if seen_p.get(id) is False else _UPSERT_PROMISE
+                statements.append((sql, _promise_row(writes.promises[id])))
+            for id in sorted(writes.tasks):
+                sql = _INSERT_TASK if seen_t.get(id) is False else _UPSERT_TASK
+                statements.append((sql, _task_row(writes.tasks[id])))
+            statements += self._schedule_statements(writes)
+            for key, entry in writes.messages.items():
+                statements.append((_UPSERT_MESSAGE, _message_row(key, entry, now)))
+            if len(statements) == 1:
+                self.cur.execute(*statements[0])
+            else:
+                _pipelined(self.cur, statements)
         # Only now (nothing failed, or deferred) do the written rows count as this
         # transaction's, and later reads see them as written.
         for id, p in writes.promises.items():
@@ -961,6 +952,18 @@ class PostgresBackend(Backend):
         for id, s in writes.schedules.items():
             seen_s[id] = s is not None
 
+    def _schedule_statements(self, writes: Writes) -> list[tuple[str, Any]]:
+        """One statement per schedule written (schedules are rare: never coalesced)."""
+        statements: list[tuple[str, Any]] = []
+        for id in sorted(writes.schedules):
+            s = writes.schedules[id]
+            if s is None:
+                statements.append((_DELETE_SCHEDULE, (id,)))
+            else:
+                sql = _INSERT_SCHEDULE if self.seen_schedules.get(id) is False else _UPSERT_SCHEDULE
+                statements.append((sql, _schedule_row(s)))
+        return statements
+
     def _defer(self, writes: Writes, now: int) -> None:
         """Queue one job's writes, coalesced with the batch's earlier ones."""
         for id, p in writes.promises.items():
@@ -971,13 +974,7 @@ class PostgresBackend(Backend):
             earlier = self.pending_tasks.get(id)
             insert = earlier[1] if earlier else self.seen_tasks.get(id) is False
             self.pending_tasks[id] = (_task_row(t), insert)
-        for id in sorted(writes.schedules):
-            sch = writes.schedules[id]
-            if sch is None:
-                self.pending_schedules.append((_DELETE_SCHEDULE, (id,)))
-            else:
-                sql = _INSERT_SCHEDULE if self.seen_schedules.get(id) is False else _UPSERT_SCHEDULE
-                self.pending_schedules.append((sql, _schedule_row(sch)))
+        self.pending_schedules += self._schedule_statements(writes)
         for key, entry in writes.messages.items():
             self.pending_messages.pop(key, None)  # a newer message goes to the back
             self.pending_messages[key] = _message_row(key, entry, now)
