@@ -341,12 +341,3 @@ class Cluster:
             except (psycopg.Error, OSError):
                 pass
             self._write = None
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "node": self.node,
-            "node_timeout": self.node_timeout,
-            "groups": self._reach[0],
-            "heard": self.heard,
-            "reaped": self.reaped,
-        }
