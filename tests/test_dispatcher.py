@@ -2,7 +2,8 @@
 
 Rows are written the way the server writes them (``set_message`` inside a store
 transaction) and the dispatcher works through the production adapter
-(``EngineRows`` on the engine's writer thread).  Senders and reconcilers are test
+(``LifecycleCalls``: the store's lifecycle, called on the engine's writer thread
+or, for PostgreSQL, on a thread of its own).  Senders and reconcilers are test
 doubles: they stand for the remote system, whose faults cannot be produced otherwise.
 """
 
@@ -21,6 +22,7 @@ import pg
 from troth.machine.internal import Config
 from troth.outbox import codes
 from troth.outbox.dispatcher import OutboxDispatcher
+from troth.outbox.rows import OutboxRow, RowState, Settlement
 from troth.outbox.types import (
     Completed,
     DispatchConfig,
@@ -33,11 +35,10 @@ from troth.outbox.types import (
     Unknown,
 )
 from troth.protocol.records import Execute, PromiseRecord, Unblock, Value
-from troth.server.delivery import EngineRows
+from troth.server.delivery import LifecycleCalls
 from troth.server.engine import Engine
 from troth.store.base import Job, Store
 from troth.store.memory import MemoryStore
-from troth.store.rows import OutboxRow
 
 NOW = 1_000_000
 
@@ -112,17 +113,38 @@ class Recorder:
         return await self.answer(row)
 
 
-def run(store: Store, body: Callable[[Engine, EngineRows], Awaitable[None]]) -> None:
+def run(store: Store, body: Callable[[Engine, LifecycleCalls], Awaitable[None]]) -> None:
     async def main() -> None:
         engine = Engine(store, Config(), clock=lambda: NOW)
         await engine.start()
         try:
-            await body(engine, EngineRows(engine))
+            await body(engine, LifecycleCalls(engine))
         finally:
             engine.store = _Unclosable(store)  # type: ignore[assignment]
             await engine.stop()
 
     asyncio.run(main())
+
+
+def dispatcher(rows: LifecycleCalls, *args: Any, **kwargs: Any) -> OutboxDispatcher:
+    """A dispatcher wired as the server wires it."""
+    return OutboxDispatcher(rows.life, *args, run=rows, **kwargs)
+
+
+async def claim(rows: LifecycleCalls, worker: str = "w") -> list[OutboxRow]:
+    return await rows(lambda: rows.life.claim_due(worker, NOW, 10, "tok"))
+
+
+async def settle(
+    rows: LifecycleCalls,
+    row: OutboxRow,
+    state: RowState,
+    code: str | None = None,
+    at: int | None = None,
+) -> bool:
+    item = Settlement(row.id, row.claim_token, state, NOW, code, at)
+    [ok] = await rows(lambda: rows.life.settle([item]))
+    return ok
 
 
 class _Unclosable:
@@ -149,9 +171,9 @@ def test_two_dispatchers_never_send_the_same_row(store: Store) -> None:
     write(store, *(execute(f"t{i}") for i in range(60)))
     a, b = Recorder(), Recorder()
 
-    async def body(engine: Engine, rows: EngineRows) -> None:
-        da = OutboxDispatcher(rows, a, DispatchConfig(worker_id="a", batch_size=7))
-        db = OutboxDispatcher(rows, b, DispatchConfig(worker_id="b", batch_size=7))
+    async def body(engine: Engine, rows: LifecycleCalls) -> None:
+        da = dispatcher(rows, a, DispatchConfig(worker_id="a", batch_size=7))
+        db = dispatcher(rows, b, DispatchConfig(worker_id="b", batch_size=7))
         for _ in range(10):
             await asyncio.gather(da.run_once(NOW), db.run_once(NOW))
 
@@ -173,8 +195,8 @@ def test_a_hanging_send_becomes_unknown_and_is_not_retried(store: Store) -> None
 
     sender = Recorder(hang)
 
-    async def body(engine: Engine, rows: EngineRows) -> None:
-        d = OutboxDispatcher(rows, sender, DispatchConfig(send_timeout=0.05, claim_timeout=60))
+    async def body(engine: Engine, rows: LifecycleCalls) -> None:
+        d = dispatcher(rows, sender, DispatchConfig(send_timeout=0.05, claim_timeout=60))
         first = await d.run_once(NOW)
         assert (first.claimed, first.unknown, first.retried) == (1, 1, 0)
         second = await d.run_once(NOW + 3_600_000)
@@ -199,8 +221,8 @@ def test_unknown_is_settled_by_reconciliation_which_never_sends(store: Store) ->
         async def reconcile(self, row: OutboxRow) -> Reconciled:
             return verdicts[row.key]
 
-    async def body(engine: Engine, rows: EngineRows) -> None:
-        d = OutboxDispatcher(rows, sender, DispatchConfig(), Reconciler())
+    async def body(engine: Engine, rows: LifecycleCalls) -> None:
+        d = dispatcher(rows, sender, DispatchConfig(), Reconciler())
         assert (await d.run_once(NOW)).unknown == 3
         report = await d.reconcile(NOW)
         assert (report.completed, report.failed, report.unresolved) == (1, 1, 1)
@@ -215,8 +237,8 @@ def test_a_settled_row_is_never_sent_again(store: Store) -> None:
     write(store, execute("t"), unblock("p"))
     sender = Recorder()
 
-    async def body(engine: Engine, rows: EngineRows) -> None:
-        d = OutboxDispatcher(rows, sender, DispatchConfig())
+    async def body(engine: Engine, rows: LifecycleCalls) -> None:
+        d = dispatcher(rows, sender, DispatchConfig())
         assert (await d.run_once(NOW)).completed == 2
         for later in (NOW, NOW + 1000, NOW + 10**9):
             assert (await d.run_once(later)).claimed == 0
@@ -230,8 +252,8 @@ def test_retryable_waits_for_its_backoff_then_gives_up_with_a_stable_code(store:
     sender = Recorder(lambda row: _const(Retryable("troth.poll.no_connection")))
     config = DispatchConfig(max_attempts=3, backoff_initial=1.0, backoff_factor=4.0)
 
-    async def body(engine: Engine, rows: EngineRows) -> None:
-        d = OutboxDispatcher(rows, sender, config, clock=lambda: clock[0])
+    async def body(engine: Engine, rows: LifecycleCalls) -> None:
+        d = dispatcher(rows, sender, config, clock=lambda: clock[0])
         clock = [NOW]
         assert (await d.run_once(NOW)).retried == 1  # attempt 1 failed: wait 1 s
         assert (await d.run_once(NOW + 999)).claimed == 0
@@ -256,8 +278,8 @@ def test_permanent_fails_at_once(store: Store) -> None:
     write(store, execute("t"))
     sender = Recorder(lambda row: _const(Permanent("troth.http.status_404")))
 
-    async def body(engine: Engine, rows: EngineRows) -> None:
-        d = OutboxDispatcher(rows, sender, DispatchConfig())
+    async def body(engine: Engine, rows: LifecycleCalls) -> None:
+        d = dispatcher(rows, sender, DispatchConfig())
         assert (await d.run_once(NOW)).failed == 1
         assert (await d.run_once(NOW + 10**7)).claimed == 0
 
@@ -274,8 +296,8 @@ def test_resend_queues_the_row_again(store: Store) -> None:
         async def reconcile(self, row: OutboxRow) -> Reconciled:
             return Resend()
 
-    async def body(engine: Engine, rows: EngineRows) -> None:
-        d = OutboxDispatcher(rows, sender, DispatchConfig(), Again())
+    async def body(engine: Engine, rows: LifecycleCalls) -> None:
+        d = dispatcher(rows, sender, DispatchConfig(), Again())
         assert (await d.run_once(NOW)).unknown == 1
         assert (await d.reconcile(NOW)).resent == 1
         assert (await d.run_once(NOW)).completed == 1
@@ -289,7 +311,7 @@ def test_reaper_releases_old_claims_and_the_late_settlement_is_refused(store: St
     write(store, execute("t"))
     release = asyncio.Event
 
-    async def body(engine: Engine, rows: EngineRows) -> None:
+    async def body(engine: Engine, rows: LifecycleCalls) -> None:
         gate = release()
 
         async def slow(row: OutboxRow) -> Dispatched:
@@ -297,7 +319,7 @@ def test_reaper_releases_old_claims_and_the_late_settlement_is_refused(store: St
             return Completed()
 
         sender = Recorder(slow)
-        d = OutboxDispatcher(rows, sender, DispatchConfig(send_timeout=30, claim_timeout=60))
+        d = dispatcher(rows, sender, DispatchConfig(send_timeout=30, claim_timeout=60))
         sweep = asyncio.create_task(d.run_once(NOW))
         while not sender.sent:
             await asyncio.sleep(0.001)
@@ -316,16 +338,16 @@ def test_reaper_releases_old_claims_and_the_late_settlement_is_refused(store: St
 def test_settlement_is_fenced_by_the_claim_token(store: Store) -> None:
     write(store, execute("t"))
 
-    async def body(engine: Engine, rows: EngineRows) -> None:
-        [claimed] = await rows.claim_due("w", NOW, 10)
+    async def body(engine: Engine, rows: LifecycleCalls) -> None:
+        [claimed] = await claim(rows)
         forged = OutboxRow(**{**claimed.__dict__, "claim_token": "not-the-token"})
-        assert await rows.complete(forged, NOW) is False
-        assert await rows.fail(forged, NOW, "x") is False
-        assert await rows.retry(forged, NOW, NOW, "x") is False
-        assert await rows.mark_unknown(forged, NOW, "x") is False
+        assert await settle(rows, forged, RowState.COMPLETED) is False
+        assert await settle(rows, forged, RowState.FAILED, "x") is False
+        assert await settle(rows, forged, RowState.PENDING, "x", NOW) is False
+        assert await settle(rows, forged, RowState.OUTCOME_UNKNOWN, "x") is False
         assert rows_by_state(store) == {"dispatching": ["t"]}
-        assert await rows.complete(claimed, NOW) is True
-        assert await rows.complete(claimed, NOW) is False  # settled once
+        assert await settle(rows, claimed, RowState.COMPLETED) is True
+        assert await settle(rows, claimed, RowState.COMPLETED) is False  # settled once
 
     run(store, body)
     assert rows_by_state(store) == {"completed": ["t"]}
@@ -337,15 +359,15 @@ def test_a_newer_message_replaces_the_pending_row_but_never_a_claimed_one(store:
     snap = store.snapshot()["outbox"]
     assert [(r["key"], r["message"]["version"], r["state"]) for r in snap] == [("t", 2, "pending")]
 
-    async def body(engine: Engine, rows: EngineRows) -> None:
-        [claimed] = await rows.claim_due("w", NOW, 10)
+    async def body(engine: Engine, rows: LifecycleCalls) -> None:
+        [claimed] = await claim(rows)
         assert claimed.message == Execute(task_id="t", version=2)
         write(store, execute("t", 3))
         # The claimed row is untouched; the newer message waits beside it.
         states = sorted((r["message"]["version"], r["state"]) for r in store.snapshot()["outbox"])
         assert states == [(2, "dispatching"), (3, "pending")]
         # A retry of the claimed row is superseded by the newer pending one.
-        assert await rows.retry(claimed, NOW, NOW, "x") is True
+        assert await settle(rows, claimed, RowState.PENDING, "x", NOW) is True
 
     run(store, body)
     pending = [r for r in store.snapshot()["outbox"] if r["state"] == "pending"]
@@ -364,8 +386,8 @@ def test_one_slow_remote_does_not_stall_the_sweep(store: Store) -> None:
 
     sender = Recorder(answer)
 
-    async def body(engine: Engine, rows: EngineRows) -> None:
-        d = OutboxDispatcher(rows, sender, DispatchConfig(concurrency=4))
+    async def body(engine: Engine, rows: LifecycleCalls) -> None:
+        d = dispatcher(rows, sender, DispatchConfig(concurrency=4))
         start = time.monotonic()
         report = await d.run_once(NOW)
         assert report.completed == 10
@@ -379,8 +401,8 @@ def test_the_row_carries_its_own_idempotency_key(store: Store) -> None:
     write(store, execute("task-9", 4), unblock("p1", "http://example.invalid/hook"))
     sender = Recorder()
 
-    async def body(engine: Engine, rows: EngineRows) -> None:
-        await OutboxDispatcher(rows, sender, DispatchConfig()).run_once(NOW)
+    async def body(engine: Engine, rows: LifecycleCalls) -> None:
+        await dispatcher(rows, sender, DispatchConfig()).run_once(NOW)
 
     run(store, body)
     assert sorted(r.key for r in sender.sent) == ["p1:notify:http://example.invalid/hook", "task-9"]
@@ -389,8 +411,8 @@ def test_the_row_carries_its_own_idempotency_key(store: Store) -> None:
 def test_completed_rows_are_purged_after_the_retention(store: Store) -> None:
     write(store, execute("t"))
 
-    async def body(engine: Engine, rows: EngineRows) -> None:
-        d = OutboxDispatcher(rows, Recorder(), DispatchConfig(retention=10), clock=lambda: NOW)
+    async def body(engine: Engine, rows: LifecycleCalls) -> None:
+        d = dispatcher(rows, Recorder(), DispatchConfig(retention=10), clock=lambda: NOW)
         await d.run_once(NOW)
         assert await d.purge(NOW + 5_000) == 0
         assert await d.purge(NOW + 10_001) == 1

@@ -14,13 +14,13 @@ import msgspec
 
 from troth.machine.internal import Config
 from troth.outbox import codes
+from troth.outbox.rows import OutboxRow
 from troth.outbox.types import Completed, Failed, Reconciled, Resend
 from troth.protocol.records import Execute, OutboxEntry, PromiseRecord, Unblock, Value
 from troth.protocol.requests import decode_data
 from troth.server.delivery import ProtocolReconciler
 from troth.server.engine import Engine
 from troth.store.memory import MemoryStore
-from troth.store.rows import OutboxRow
 
 NOW = 10_000
 

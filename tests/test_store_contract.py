@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import pytest
 
 import pg
+from troth.outbox.codes import SUPERSEDED
 from troth.protocol.records import (
     Execute,
     Promise,
@@ -26,7 +27,7 @@ from troth.protocol.records import (
 )
 from troth.store.base import Job, Overlay, Store
 from troth.store.memory import MemoryStore
-from troth.store.rows import SUPERSEDED, settle_one
+from troth.store.outbox import settle_one
 from troth.store.sqlite import SqliteStore
 
 T = TypeVar("T")
@@ -663,10 +664,10 @@ def test_failure_unknown_and_reconciliation(store: Store) -> None:
     assert settle_one(life, c.id, "tok", "outcome_unknown", 2, "timeout")
     assert [r.id for r in life.unknown_rows(10)] == [b.id, c.id]
     assert [r.id for r in life.unknown_rows(1)] == [b.id]
-    assert not life.settle_unknown(a.id, 3, "completed", None)  # not unknown
-    assert life.settle_unknown(b.id, 3, "pending", "resend")
-    assert life.settle_unknown(c.id, 3, "failed", "gave up")
-    assert not life.settle_unknown(c.id, 3, "completed", None)
+    assert not settle_one(life, a.id, None, "completed", 3, None)  # not unknown
+    assert settle_one(life, b.id, None, "pending", 3, "resend")
+    assert settle_one(life, c.id, None, "failed", 3, "gave up")
+    assert not settle_one(life, c.id, None, "completed", 3, None)
     rows = {r["id"]: r for r in store.snapshot()["outbox"]}
     assert (rows[a.id]["state"], rows[a.id]["attempts"]) == ("failed", 1)
     assert (rows[b.id]["state"], rows[b.id]["attempts"]) == ("pending", 0)
@@ -809,7 +810,7 @@ class Model:
             if kind == 3:
                 return life.unknown_rows(limit)
             if kind == 4:
-                return life.settle_unknown(row_id, now, state, code)
+                return settle_one(life, row_id, None, state, now, code)
             if kind == 5:
                 return life.release_expired_claims(now - 10, now, "expired")
             if kind == 6:

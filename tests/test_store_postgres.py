@@ -30,16 +30,17 @@ from test_store_contract import EXT, Model, outcomes_of, promise, put, run, sche
 from troth.machine.core import handle, lock_keys
 from troth.machine.internal import Config
 from troth.machine.state import Response
+from troth.outbox.rows import RowState, Settlement
 from troth.protocol import requests as rq
+from troth.protocol.address import PollAddress, parse_poll
 from troth.protocol.records import Execute, PromiseRecord, Task, TaskRecord, Unblock, Value
 from troth.server.config import ConfigError, Settings
 from troth.server.run import open_store
 from troth.store.base import Job, Overlay, Store
 from troth.store.memory import MemoryStore
 from troth.store.migrate import SchemaTooNew
+from troth.store.outbox import settle_one
 from troth.store.postgres import PostgresStore, StoreBusy, Unstorable, latest_version, migrations
-from troth.store.rows import settle_one
-from troth.transport.address import PollAddress, parse_poll
 
 
 @pytest.fixture(scope="module")
@@ -556,8 +557,8 @@ def test_two_dispatch_nodes_never_claim_the_same_row(
         start.wait()
         while rows := stores[k].outbox.claim_due(f"w{k}", 0, 7, f"tok{k}"):
             claimed[k] += [r.id for r in rows]
-            settled = stores[k].outbox.settle_many(
-                [(r.id, f"tok{k}", "completed", 1, None, None) for r in rows]
+            settled = stores[k].outbox.settle(
+                [Settlement(r.id, f"tok{k}", RowState.COMPLETED, 1) for r in rows]
             )
             assert all(settled)
 

@@ -23,7 +23,7 @@ from troth.store.migrate import (
     migrations,
     split_statements,
 )
-from troth.store.rows import settle_one
+from troth.store.outbox import settle_one
 from troth.store.sqlite import SqliteStore
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -462,7 +462,7 @@ def test_every_query_uses_an_index(store: SqliteStore) -> None:
     settle_one(life, first.id, "tok", "pending", 1, "c", 5)
     settle_one(life, second.id, "tok", "outcome_unknown", 1, "c")
     life.unknown_rows(10)
-    life.settle_unknown(second.id, 2, "completed", None)
+    settle_one(life, second.id, None, "completed", 2, None)
     life.release_expired_claims(0, 3, "expired")
     life.purge_completed(10)
     life.next_due()

@@ -21,11 +21,11 @@ import pytest
 
 from sse import stream
 from support import RunningServer, free_port, running_server
+from troth.outbox.rows import OutboxRow
 from troth.outbox.types import Completed, Permanent, Retryable, Unknown
+from troth.protocol.address import PollAddress, parse_poll
 from troth.protocol.records import Execute, OutboxEntry
 from troth.server.config import Settings
-from troth.store.rows import OutboxRow
-from troth.transport.address import PollAddress, parse_poll
 from troth.transport.http import HttpSender, classify
 
 FAR = 10**13
@@ -241,20 +241,25 @@ def test_http_sender_against_a_real_endpoint() -> None:
 
 def test_a_push_that_hangs_is_unknown_not_retried() -> None:
     from troth.outbox.dispatcher import OutboxDispatcher
+    from troth.outbox.rows import Settlement
     from troth.outbox.types import DispatchConfig
 
     class OneRow:
+        """A lifecycle holding one row; it records how the row was settled."""
+
+        independent = True
+
         def __init__(self, row: OutboxRow) -> None:
             self.row: OutboxRow | None = row
             self.unknown: list[str] = []
 
-        async def claim_due(self, worker_id: str, now: int, limit: int) -> list[OutboxRow]:
+        def claim_due(self, worker_id: str, now: int, limit: int, token: str) -> list[OutboxRow]:
             row, self.row = self.row, None
             return [row] if row else []
 
-        async def mark_unknown(self, row: OutboxRow, now: int, code: str) -> bool:
-            self.unknown.append(code)
-            return True
+        def settle(self, items: list[Settlement]) -> list[bool]:
+            self.unknown += [s.code or "" for s in items if s.state == "outcome_unknown"]
+            return [True for _ in items]
 
     async def main() -> None:
         sender = HttpSender("http://troth")

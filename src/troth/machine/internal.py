@@ -19,6 +19,7 @@ from msgspec.structs import replace
 from troth.machine.calendar import next_after, occurrences, parse_cron
 from troth.machine.state import (
     ACQUIRED,
+    HALTED,
     SUSPENDED,
     TASK_PENDING,
     new_promise,
@@ -163,7 +164,7 @@ def resume_one(tx: Tx, awaited: str, awaiter: str, now: int) -> None:
     t = r.task
     if t.state == SUSPENDED:
         tx.set_task(replace(t, state=TASK_PENDING, resumes=(awaited,), retry_at=now))
-    elif t.state in (TASK_PENDING, ACQUIRED, "halted"):
+    elif t.state in (TASK_PENDING, ACQUIRED, HALTED):
         if awaited not in t.resumes:
             tx.set_task(replace(t, resumes=(*t.resumes, awaited)))
 

@@ -18,13 +18,13 @@ from troth.machine.state import (
 )
 from troth.machine.tx import Tx
 from troth.protocol import requests as rq
+from troth.protocol.address import address_valid
 from troth.protocol.records import (
     PENDING,
     SETTABLE_STATES,
     TAG_TARGET,
     Promise,
     Value,
-    address_valid,
     is_timer_targeted,
 )
 

@@ -20,15 +20,17 @@ from troth.protocol.records import (
     Promise,
     Tags,
     Task,
+    TaskState,
     Value,
     parse_nat,
 )
 
-FULFILLED: Final = "fulfilled"
-ACQUIRED: Final = "acquired"
-SUSPENDED: Final = "suspended"
-HALTED: Final = "halted"
-TASK_PENDING: Final = "pending"
+# The machine's names for the task states (defined once, in ``protocol.records``).
+FULFILLED: Final = TaskState.FULFILLED
+ACQUIRED: Final = TaskState.ACQUIRED
+SUSPENDED: Final = TaskState.SUSPENDED
+HALTED: Final = TaskState.HALTED
+TASK_PENDING: Final = TaskState.PENDING
 
 #: Ids beginning with this character are reserved for schedule occurrences (§5.3):
 #: no client request may create one, so a client cannot pre-create an occurrence.

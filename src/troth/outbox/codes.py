@@ -6,8 +6,6 @@ code is never renamed, only added.
 
 from typing import Final
 
-from troth.store import rows
-
 ATTEMPTS_EXHAUSTED: Final = "troth.dispatch.attempts_exhausted"
 SEND_TIMEOUT: Final = "troth.dispatch.send_timeout"
 SEND_CRASHED: Final = "troth.dispatch.send_crashed"
@@ -16,7 +14,9 @@ CLAIM_EXPIRED: Final = "troth.dispatch.claim_expired"
 NODE_DEAD: Final = "troth.dispatch.node_dead"
 RECONCILED_FAILED: Final = "troth.dispatch.reconciled_failed"
 RESENDS_EXHAUSTED: Final = "troth.dispatch.resends_exhausted"
-SUPERSEDED: Final = rows.SUPERSEDED  # recorded by the store itself
+#: Recorded by the store on a requeued row that a newer pending row of its key
+#: replaced (at most one pending row per key).
+SUPERSEDED: Final = "troth.dispatch.superseded"
 
 NO_CONNECTION: Final = "troth.poll.no_connection"
 CONNECTION_LOST: Final = "troth.poll.connection_lost"

@@ -4,16 +4,26 @@ It is not a background task.  Nothing here spawns anything that outlives a call:
 ``run_once`` does one sweep and returns what it did; the application owns the loop,
 the wake-ups and the shutdown.  It dispatches exactly what a claim returned and hands
 the sender the row's own idempotency key, never one it invents.
+
+It works a store's rows through one interface, ``outbox.rows.OutboxLifecycle``,
+which is synchronous: the application passes ``run``, which says where a blocking
+lifecycle call runs (a thread of its own, or between the writer's batches).
+Settlements that finish while an earlier one is being written are written together,
+in one transaction (group commit for the dispatcher's own writes).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
+import uuid
 from collections.abc import Callable, Sequence
+from typing import Protocol, TypeVar
 
 from troth.outbox import codes
+from troth.outbox.rows import OutboxLifecycle, OutboxRow, RowState, Settlement
 from troth.outbox.types import (
     Completed,
     DispatchConfig,
@@ -21,7 +31,6 @@ from troth.outbox.types import (
     DispatchReport,
     Failed,
     OutboxReconciler,
-    OutboxRows,
     OutboxSender,
     Permanent,
     ReconcileReport,
@@ -30,9 +39,52 @@ from troth.outbox.types import (
     Unknown,
     Unresolved,
 )
-from troth.store.rows import OutboxRow
 
 log = logging.getLogger("troth.outbox")
+T = TypeVar("T")
+
+
+class Runner(Protocol):
+    """Runs one blocking lifecycle call and awaits its result."""
+
+    async def __call__(self, fn: Callable[[], T], /) -> T: ...
+
+
+async def in_thread(fn: Callable[[], T]) -> T:
+    """The default :class:`Runner`: a worker thread."""
+    return await asyncio.to_thread(fn)
+
+
+class Settler:
+    """Writes settlements; those that meet while one write is under way go together."""
+
+    def __init__(self, life: OutboxLifecycle, run: Runner) -> None:
+        self.life = life
+        self.run = run
+        self._queued: list[tuple[Settlement, asyncio.Future[bool]]] = []
+        self._flusher: asyncio.Task[None] | None = None
+
+    async def settle(self, settlement: Settlement) -> bool:
+        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._queued.append((settlement, fut))
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush())
+        return await fut
+
+    async def _flush(self) -> None:
+        while self._queued:
+            batch, self._queued = self._queued, []
+            items = [item for item, _ in batch]
+            try:
+                results = await self.run(functools.partial(self.life.settle, items))
+            except Exception as exc:
+                for _, fut in batch:
+                    if not fut.done():
+                        fut.set_exception(exc)
+                continue
+            for (_, fut), ok in zip(batch, results, strict=True):
+                if not fut.done():
+                    fut.set_result(ok)
 
 
 class OutboxDispatcher:
@@ -40,23 +92,36 @@ class OutboxDispatcher:
 
     def __init__(
         self,
-        rows: OutboxRows,
+        life: OutboxLifecycle,
         sender: OutboxSender,
         config: DispatchConfig | None = None,
         reconciler: OutboxReconciler | None = None,
         *,
         clock: Callable[[], int] | None = None,
+        run: Runner = in_thread,
     ) -> None:
-        self.rows = rows
+        self.life = life
         self.sender = sender
         self.config = config or DispatchConfig()
         self.reconciler = reconciler
         self.clock = clock or (lambda: time.time_ns() // 1_000_000)
+        self.run = run
+        self.settler = Settler(life, run)
 
     async def run_once(self, now: int) -> DispatchReport:
         """One sweep: claim a batch of due rows and settle every one of them."""
-        rows = await self.rows.claim_due(self.config.worker_id, now, self.config.batch_size)
+        rows = await self.run(lambda: self.claim(now))
         return await self.dispatch(rows)
+
+    def claim(self, now: int) -> list[OutboxRow]:
+        """Claim a batch of due rows under a new token (blocking: the caller chooses the
+        thread, e.g. right after the commit that wrote them)."""
+        token = uuid.uuid4().hex
+        return self.life.claim_due(self.config.worker_id, now, self.config.batch_size, token)
+
+    async def next_due(self) -> int | None:
+        """When the earliest pending row becomes due (None: none is pending)."""
+        return await self.run(self.life.next_due)
 
     async def dispatch(self, rows: Sequence[OutboxRow]) -> DispatchReport:
         """Send and settle rows this dispatcher already claimed (``claim_due`` under its
@@ -90,23 +155,29 @@ class OutboxDispatcher:
 
     async def _settle(self, row: OutboxRow, outcome: Dispatched, report: DispatchReport) -> None:
         now = self.clock()
+        token = row.claim_token or ""
         if isinstance(outcome, Completed):
-            ok = await self.rows.complete(row, now)
+            ok = await self.settler.settle(Settlement(row.id, token, RowState.COMPLETED, now))
             report.completed += ok
         elif isinstance(outcome, Retryable):
+            # The store counts the attempt as it settles; this is the count it will hold.
             attempts = row.attempts + 1
             if attempts >= self.config.max_attempts:
-                ok = await self.rows.fail(row, now, codes.ATTEMPTS_EXHAUSTED)
+                failed = Settlement(row.id, token, RowState.FAILED, now, codes.ATTEMPTS_EXHAUSTED)
+                ok = await self.settler.settle(failed)
                 report.failed += ok
             else:
                 when = now + self.config.backoff_ms(attempts)
-                ok = await self.rows.retry(row, now, when, outcome.code)
+                again = Settlement(row.id, token, RowState.PENDING, now, outcome.code, when)
+                ok = await self.settler.settle(again)
                 report.retried += ok
         elif isinstance(outcome, Permanent):
-            ok = await self.rows.fail(row, now, outcome.code)
+            failed = Settlement(row.id, token, RowState.FAILED, now, outcome.code)
+            ok = await self.settler.settle(failed)
             report.failed += ok
         else:
-            ok = await self.rows.mark_unknown(row, now, outcome.code)
+            unknown = Settlement(row.id, token, RowState.OUTCOME_UNKNOWN, now, outcome.code)
+            ok = await self.settler.settle(unknown)
             report.unknown += ok
         if not ok:
             report.unsettled += 1
@@ -117,7 +188,7 @@ class OutboxDispatcher:
         report = ReconcileReport()
         if self.reconciler is None:
             return report
-        for row in await self.rows.unknown_rows(limit):
+        for row in await self.run(lambda: self.life.unknown_rows(limit)):
             report.examined += 1
             try:
                 verdict = await self.reconciler.reconcile(row)
@@ -125,20 +196,27 @@ class OutboxDispatcher:
                 log.exception("reconciler failed on outbox row %s", row.id)
                 verdict = Unresolved()
             if isinstance(verdict, Completed):
-                report.completed += await self.rows.settle_unknown(row, now, "completed", None)
+                done = Settlement(row.id, None, RowState.COMPLETED, now)
+                report.completed += await self.settler.settle(done)
             elif isinstance(verdict, Failed):
-                report.failed += await self.rows.settle_unknown(row, now, "failed", verdict.code)
+                failed = Settlement(row.id, None, RowState.FAILED, now, verdict.code)
+                report.failed += await self.settler.settle(failed)
             elif isinstance(verdict, Resend):
-                report.resent += await self.rows.settle_unknown(row, now, "pending", None)
+                again = Settlement(row.id, None, RowState.PENDING, now)
+                report.resent += await self.settler.settle(again)
             else:
                 report.unresolved += 1
         return report
 
     async def release_expired_claims(self, now: int) -> int:
-        """Reap claims older than ``claim_timeout`` (a crashed dispatcher's rows)."""
+        """Reap claims older than ``claim_timeout`` (a crashed dispatcher's rows): their
+        outcome is unknown, for reconciliation."""
         cutoff = now - int(self.config.claim_timeout * 1000)
-        return await self.rows.release_expired_claims(cutoff, now)
+        return await self.run(
+            lambda: self.life.release_expired_claims(cutoff, now, codes.CLAIM_EXPIRED)
+        )
 
     async def purge(self, now: int) -> int:
         """Delete completed rows older than the retention."""
-        return await self.rows.purge_completed(now - int(self.config.retention * 1000))
+        before = now - int(self.config.retention * 1000)
+        return await self.run(lambda: self.life.purge_completed(before))

@@ -8,11 +8,10 @@ library exists to prevent.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from troth.store.rows import OutboxRow
+from troth.outbox.rows import OutboxRow
 
 
 @dataclass(frozen=True)
@@ -110,39 +109,6 @@ class OutboxReconciler(Protocol):
     """Asks what happened to a row whose outcome is unknown."""
 
     async def reconcile(self, row: OutboxRow) -> Reconciled: ...
-
-
-class OutboxRows(Protocol):
-    """The outbox-row interface of a store, as the dispatcher needs it.
-
-    Every settlement carries the claim token: a dispatcher whose claim was released
-    cannot settle a row another one holds, and a refused settlement writes nothing.
-    """
-
-    async def claim_due(self, worker_id: str, now: int, limit: int) -> Sequence[OutboxRow]:
-        """Move up to ``limit`` due pending rows to ``dispatching`` under a new token
-        (skip-locked: two callers never get the same row)."""
-
-    async def complete(self, row: OutboxRow, now: int) -> bool: ...
-
-    async def retry(self, row: OutboxRow, now: int, available_at: int, code: str) -> bool:
-        """Back to ``pending`` with ``attempts + 1`` (superseded if a newer pending row
-        for the key exists)."""
-
-    async def fail(self, row: OutboxRow, now: int, code: str) -> bool: ...
-
-    async def mark_unknown(self, row: OutboxRow, now: int, code: str) -> bool: ...
-
-    async def unknown_rows(self, limit: int) -> Sequence[OutboxRow]: ...
-
-    async def settle_unknown(self, row: OutboxRow, now: int, state: str, code: str | None) -> bool:
-        """Settle an ``outcome_unknown`` row: ``completed``, ``failed`` or ``pending``."""
-
-    async def release_expired_claims(self, cutoff: int, now: int) -> int:
-        """Rows claimed before ``cutoff`` become ``outcome_unknown`` (the send may have
-        happened); returns how many."""
-
-    async def purge_completed(self, before: int) -> int: ...
 
 
 # ------------------------------------------------------------------------ reports

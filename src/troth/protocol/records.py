@@ -11,28 +11,44 @@ default, so they are always written.
 
 from __future__ import annotations
 
-from typing import Final, Literal
+from enum import StrEnum
+from typing import Final
 
 import msgspec
 
 Tags = dict[str, str]
 
-PromiseState = Literal["pending", "resolved", "rejected", "rejected_canceled", "rejected_timedout"]
-TaskState = Literal["pending", "acquired", "suspended", "halted", "fulfilled"]
 
-PENDING: Final = "pending"
-RESOLVED: Final = "resolved"
-REJECTED: Final = "rejected"
-REJECTED_CANCELED: Final = "rejected_canceled"
-REJECTED_TIMEDOUT: Final = "rejected_timedout"
+class PromiseState(StrEnum):
+    """A promise's state (§2.2); stored and sent as the lower-case string."""
 
-PROMISE_STATES: Final[frozenset[str]] = frozenset(
-    {PENDING, RESOLVED, REJECTED, REJECTED_CANCELED, REJECTED_TIMEDOUT}
-)
+    PENDING = "pending"
+    RESOLVED = "resolved"
+    REJECTED = "rejected"
+    REJECTED_CANCELED = "rejected_canceled"
+    REJECTED_TIMEDOUT = "rejected_timedout"
+
+
+class TaskState(StrEnum):
+    """A task's state (§2.2); stored and sent as the lower-case string."""
+
+    PENDING = "pending"
+    ACQUIRED = "acquired"
+    SUSPENDED = "suspended"
+    HALTED = "halted"
+    FULFILLED = "fulfilled"
+
+
+# The machine's names for them, read like the specification (``p.state == PENDING``).
+PENDING: Final = PromiseState.PENDING
+RESOLVED: Final = PromiseState.RESOLVED
+REJECTED: Final = PromiseState.REJECTED
+REJECTED_CANCELED: Final = PromiseState.REJECTED_CANCELED
+REJECTED_TIMEDOUT: Final = PromiseState.REJECTED_TIMEDOUT
+
+PROMISE_STATES: Final[frozenset[str]] = frozenset(PromiseState)
 SETTABLE_STATES: Final[frozenset[str]] = frozenset({RESOLVED, REJECTED, REJECTED_CANCELED})
-TASK_STATES: Final[frozenset[str]] = frozenset(
-    {"pending", "acquired", "suspended", "halted", "fulfilled"}
-)
+TASK_STATES: Final[frozenset[str]] = frozenset(TaskState)
 
 TAG_TARGET: Final = "resonate:target"
 TAG_TIMER: Final = "resonate:timer"
@@ -190,13 +206,6 @@ def is_external(tags: Tags) -> bool:
 def is_timer_targeted(tags: Tags) -> bool:
     """Timer and target together are refused at every birth door (§10.7)."""
     return tags.get(TAG_TIMER) == "true" and TAG_TARGET in tags
-
-
-def address_valid(address: str) -> bool:
-    """Deliverable listener addresses (§2.3 ``addressValid``)."""
-    if address.startswith(("http://", "https://")):
-        return True
-    return address.startswith("poll://") and "@" in address
 
 
 def parse_nat(text: str) -> int:

@@ -30,7 +30,6 @@ from troth.machine.state import Response
 from troth.protocol import requests as rq
 from troth.server.waiting import wait_event
 from troth.store.base import Job, Outcome, Overlay, Store, StoreUnavailable
-from troth.store.memory import earliest_deadline
 
 log = logging.getLogger("troth.engine")
 T = TypeVar("T")
@@ -56,6 +55,14 @@ class _Work:
     loop: asyncio.AbstractEventLoop
 
 
+@dataclass(frozen=True)
+class Commit:
+    """What one committed batch did: its jobs, and the outbox messages they wrote."""
+
+    jobs: int
+    messages: int
+
+
 @dataclass
 class EngineStats:
     batches: int = 0
@@ -75,16 +82,15 @@ class Engine:
         config: Config,
         *,
         clock: Callable[[], int] = wall_clock_ms,
-        on_commit: Callable[[int, int], None] | None = None,
+        on_commit: Callable[[Commit], None] | None = None,
     ) -> None:
         self.store = store
         self.config = config
         self.clock = clock
+        #: Runs on the writer thread right after every commit, before the next batch
+        #: starts (metrics; delivery claims the messages written there: no queue wait).
         self.on_commit = on_commit
         self.on_resume: Callable[[], None] | None = None
-        #: Runs on the writer thread right after a commit that wrote outbox rows,
-        #: before the next batch starts (delivery claims them there: no queue wait).
-        self.after_commit: Callable[[int], None] | None = None
         #: Runs on the writer thread after a commit that armed a deadline earlier than
         #: the one the timer sleeps until (the cluster tells the other nodes).
         self.on_deadline: Callable[[int], None] | None = None
@@ -123,12 +129,18 @@ class Engine:
 
     # -- submitting work --------------------------------------------------------------
 
-    async def run(self, fn: Callable[[Overlay], T], now: int, keys: tuple[str, ...] = ()) -> T:
-        """Run ``fn`` as one job of a batch; raises what the job raised."""
+    async def outcome(
+        self, fn: Callable[[Overlay], T], now: int, keys: tuple[str, ...] = ()
+    ) -> Outcome[T]:
+        """Run ``fn`` as one job of a batch; what became of it (and what it wrote)."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Outcome[T]] = loop.create_future()
         self._queue.put(_Work(Job(fn, now, keys), None, fut, loop))
-        outcome = await fut
+        return await fut
+
+    async def run(self, fn: Callable[[Overlay], T], now: int, keys: tuple[str, ...] = ()) -> T:
+        """Run ``fn`` as one job of a batch; raises what the job raised."""
+        outcome = await self.outcome(fn, now, keys)
         if outcome.error is not None:
             raise outcome.error
         return outcome.value  # type: ignore[return-value]
@@ -207,9 +219,8 @@ class Engine:
 
     def _run_batch(self, works: list[_Work]) -> None:
         jobs = [w.job for w in works if w.job is not None]
-        wrapped = [Job(_remembering(j.fn), j.now, j.keys) for j in jobs]
         try:
-            outcomes = self.store.execute(wrapped)
+            outcomes = self.store.execute(jobs)
         except BaseException as exc:  # the store itself broke: fail the batch
             log.exception("batch of %d failed", len(works))
             outcomes = [Outcome(error=exc) for _ in works]
@@ -219,15 +230,10 @@ class Engine:
         earliest = math.inf
         messages = 0
         for o in outcomes:
-            if o.wrote and isinstance(o.value, _Remembered):
-                messages += o.value.messages
-                if o.value.earliest is not None:
-                    earliest = min(earliest, o.value.earliest)
-        results: list[tuple[asyncio.Future[Any], Outcome[Any]]] = []
-        for w, o in zip(works, outcomes, strict=True):
-            if isinstance(o.value, _Remembered):
-                o = Outcome(value=o.value.value, error=o.error, wrote=o.wrote)
-            results.append((w.future, o))
+            messages += o.messages
+            if o.deadline is not None:
+                earliest = min(earliest, o.deadline)
+        results = [(w.future, o) for w, o in zip(works, outcomes, strict=True)]
         loop = works[0].loop
         loop.call_soon_threadsafe(_deliver, results)
         if earliest < self._target:
@@ -238,15 +244,9 @@ class Engine:
                 except Exception as exc:  # a courtesy to other nodes: never fatal here
                     log.warning("could not announce deadline %d: %s", earliest, exc)
         if self.on_commit is not None:
-            self.on_commit(len(works), messages)
-        if messages and self.after_commit is not None:
-            self.after_commit(messages)
+            self.on_commit(Commit(len(works), messages))
 
     # -- the timer ------------------------------------------------------------------------
-
-    def _tick_job(self, tx: Overlay, now: int) -> tuple[int, bool]:
-        fired = tick(tx, now, self.config)
-        return fired, bool(tx.writes)
 
     def hint(self, instant: int) -> None:
         """Another node armed a deadline at ``instant`` (event-loop thread only)."""
@@ -269,10 +269,12 @@ class Engine:
                 deadline = await self.exclusive(self._next_deadline)
                 now = self.clock()
                 if deadline is not None and deadline <= now:
-                    fired, wrote = await self.run(functools.partial(self._tick_job, now=now), now)
+                    passed = await self.outcome(functools.partial(self._tick, now=now), now)
+                    if passed.error is not None:
+                        raise passed.error
                     self.stats.ticks += 1
-                    self.stats.fired += fired
-                    if wrote:
+                    self.stats.fired += passed.value or 0
+                    if passed.wrote:
                         continue
                     if self.store.shared:
                         # Another node holds the due rows (SKIP LOCKED passed them
@@ -301,27 +303,11 @@ class Engine:
                 delay = SHARED_MAX_SLEEP
             await wait_event(self._wake, delay)
 
+    def _tick(self, tx: Overlay, now: int) -> int:
+        return tick(tx, now, self.config)
+
     def _next_deadline(self) -> int | None:
         return self.store.read(lambda tx: tx.next_deadline())
-
-
-class _Remembered:
-    """A job's value plus the earliest deadline and the outbox rows its writes made."""
-
-    __slots__ = ("earliest", "messages", "value")
-
-    def __init__(self, value: Any, earliest: int | None, messages: int) -> None:
-        self.value = value
-        self.earliest = earliest
-        self.messages = messages
-
-
-def _remembering(fn: Callable[[Overlay], Any]) -> Callable[[Overlay], _Remembered]:
-    def run(tx: Overlay) -> _Remembered:
-        value = fn(tx)
-        return _Remembered(value, earliest_deadline(tx.writes), len(tx.writes.messages))
-
-    return run
 
 
 def _deliver(results: list[tuple[asyncio.Future[Any], Outcome[Any]]]) -> None:

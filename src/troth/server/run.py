@@ -16,7 +16,7 @@ from troth.server.app import App
 from troth.server.cluster import default_node_id
 from troth.server.config import Settings
 from troth.server.delivery import DeliveryLoop
-from troth.server.engine import Engine
+from troth.server.engine import Commit, Engine
 from troth.server.metrics import Metrics
 from troth.store.base import Store
 from troth.store.memory import MemoryStore
@@ -61,11 +61,11 @@ def build_app(settings: Settings, store: Store | None = None) -> App:
         engine, Router(PollSender(registry, settings.url), http), config, metrics
     )
 
-    def committed(jobs: int, messages: int) -> None:
+    def committed(commit: Commit) -> None:
         metrics.inc("troth_commit_batches_total")
-        metrics.inc("troth_commit_jobs_total", jobs)
-        if messages:
-            delivery.wake()
+        metrics.inc("troth_commit_jobs_total", commit.jobs)
+        if commit.messages:
+            delivery.after_commit(commit.messages)
 
     engine.on_commit = committed
     engine.on_resume = delivery.wake

@@ -18,11 +18,10 @@ from __future__ import annotations
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-import msgspec
-
+from troth.outbox.rows import OutboxLifecycle
 from troth.protocol.records import (
     TAG_BRANCH,
     Message,
@@ -33,22 +32,10 @@ from troth.protocol.records import (
     Task,
     message_key,
 )
-from troth.store.rows import OutboxLifecycle
+from troth.store.deadlines import earliest_deadline
+from troth.store.writes import Writes
 
 T = TypeVar("T")
-
-
-@dataclass
-class Writes:
-    """The effects of one job, as keyed upserts (schedules: ``None`` = deleted)."""
-
-    promises: dict[str, Promise] = field(default_factory=dict)
-    tasks: dict[str, Task] = field(default_factory=dict)
-    schedules: dict[str, Schedule | None] = field(default_factory=dict)
-    messages: dict[str, OutboxEntry] = field(default_factory=dict)
-
-    def __bool__(self) -> bool:
-        return bool(self.promises or self.tasks or self.schedules or self.messages)
 
 
 class Backend(ABC):
@@ -197,11 +184,27 @@ class Job(Generic[T]):
 
 @dataclass
 class Outcome(Generic[T]):
-    """What became of one job: its value, or the exception that discarded it."""
+    """What became of one job: its value, or the exception that discarded it; and, for
+    a job that wrote, what its writes armed (the timer's and delivery's cue: the
+    earliest deadline they set, how many outbox messages they wrote)."""
 
     value: T | None = None
     error: BaseException | None = None
     wrote: bool = False
+    deadline: int | None = None
+    messages: int = 0
+
+    @classmethod
+    def of(cls, value: T, writes: Writes) -> Outcome[T]:
+        """A job that returned ``value`` having made ``writes`` (kept by the commit)."""
+        if not writes:
+            return cls(value=value)
+        return cls(
+            value=value,
+            wrote=True,
+            deadline=earliest_deadline(writes),
+            messages=len(writes.messages),
+        )
 
 
 class StoreUnavailable(Exception):
@@ -285,7 +288,7 @@ class Store(ABC):
                             outcomes.append(Outcome(error=exc))
                             continue
                         self.release()
-                    outcomes.append(Outcome(value=value, wrote=bool(overlay.writes)))
+                    outcomes.append(Outcome.of(value, overlay.writes))
                 self.commit()
             except Exception as exc:
                 try:
@@ -302,11 +305,3 @@ class Store(ABC):
         if outcome.error is not None:
             raise outcome.error
         return outcome.value  # type: ignore[return-value]
-
-
-def entry_to_builtins(entry: OutboxEntry) -> dict[str, Any]:
-    return {
-        "key": entry.key,
-        "address": entry.address,
-        "message": msgspec.to_builtins(entry.message),
-    }

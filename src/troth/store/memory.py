@@ -10,44 +10,18 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import itertools
-from collections.abc import Callable, Collection, Sequence
-from typing import Any
+from collections.abc import Callable, Collection
+from typing import Any, TypeVar
 
-import msgspec
+from troth.outbox.rows import OutboxRow, RowState
+from troth.protocol.records import PENDING, TAG_BRANCH, Promise, Schedule, Tags, Task
+from troth.store.base import Backend, Store
+from troth.store.deadlines import promise_deadline, task_deadline
+from troth.store.outbox import OutboxStore, OutboxTable
+from troth.store.snapshot import snapshot
+from troth.store.writes import Writes
 
-from troth.protocol.records import PENDING, Promise, Schedule, Tags, Task
-from troth.store import rows
-from troth.store.base import Backend, Store, Writes
-from troth.store.rows import OutboxRow
-
-
-def promise_deadline(p: Promise) -> int | None:
-    return p.timeout_at if p.state == PENDING and p.external else None
-
-
-def task_deadline(t: Task) -> int | None:
-    if t.state == "pending":
-        return t.retry_at
-    if t.state == "acquired":
-        return t.expires_at
-    return None
-
-
-def earliest_deadline(writes: Writes) -> int | None:
-    """The earliest deadline a job's writes armed (a hint for the timer only)."""
-    best: int | None = None
-    for p in writes.promises.values():
-        d = promise_deadline(p)
-        if d is not None and (best is None or d < best):
-            best = d
-    for t in writes.tasks.values():
-        d = task_deadline(t)
-        if d is not None and (best is None or d < best):
-            best = d
-    for s in writes.schedules.values():
-        if s is not None and (best is None or s.next_run_at < best):
-            best = s.next_run_at
-    return best
+T = TypeVar("T")
 
 
 class MemoryBackend(Backend):
@@ -183,7 +157,7 @@ class MemoryBackend(Backend):
             old = self.promises.get(p.id)
             self.promises[p.id] = p
             if old is None:
-                branch = p.tags.get("resonate:branch")
+                branch = p.tags.get(TAG_BRANCH)
                 if branch:
                     self.branches.setdefault(branch, set()).add(p.id)
             d = promise_deadline(p)
@@ -215,39 +189,12 @@ class MemoryBackend(Backend):
             self.pending_by_key[key] = row.id
 
     def snapshot(self) -> dict[str, Any]:
-        return {
-            "promises": [snap_promise(self.promises[i]) for i in sorted(self.promises)],
-            "tasks": [snap_task(self.tasks[i]) for i in sorted(self.tasks)],
-            "schedules": [msgspec.to_builtins(self.schedules[i]) for i in sorted(self.schedules)],
-            "outbox": [snap_row(r) for r in sorted(self.outbox.values(), key=lambda r: r.id)],
-        }
-
-
-def snap_promise(p: Promise) -> dict[str, Any]:
-    d: dict[str, Any] = msgspec.to_builtins(p)
-    d["callbacks"] = list(p.callbacks)
-    d["listeners"] = list(p.listeners)
-    return d
-
-
-def snap_task(t: Task) -> dict[str, Any]:
-    d: dict[str, Any] = msgspec.to_builtins(t)
-    d["resumes"] = list(t.resumes)
-    return d
-
-
-def snap_row(r: OutboxRow) -> dict[str, Any]:
-    return {
-        "id": r.id,
-        "key": r.entry.key,
-        "address": r.entry.address,
-        "message": msgspec.to_builtins(r.entry.message),
-        "state": r.state,
-        "attempts": r.attempts,
-        "availableAt": r.available_at,
-        "createdAt": r.created_at,
-        **({"lastCode": r.last_code} if r.last_code is not None else {}),
-    }
+        return snapshot(
+            (self.promises[i] for i in sorted(self.promises)),
+            (self.tasks[i] for i in sorted(self.tasks)),
+            (self.schedules[i] for i in sorted(self.schedules)),
+            sorted(self.outbox.values(), key=lambda r: r.id),
+        )
 
 
 class MemoryStore(Store):
@@ -290,116 +237,88 @@ class MemoryStore(Store):
         return None
 
 
-class MemoryOutbox:
-    """The outbox-row lifecycle over :class:`MemoryBackend` (see ``store.rows``)."""
+class MemoryOutbox(OutboxStore):
+    """The outbox-row lifecycle (``store/outbox.py``) over :class:`MemoryBackend`."""
 
     def __init__(self, store: MemoryStore) -> None:
         self.store = store
 
-    @property
-    def b(self) -> MemoryBackend:
-        return self.store.backend
-
-    def claim_due(self, worker_id: str, now: int, limit: int, token: str) -> list[OutboxRow]:
+    def write(self, fn: Callable[[OutboxTable], T]) -> T:
         with self.store.lock:
-            out: list[OutboxRow] = []
-            for row in sorted(self.b.outbox.values(), key=lambda r: (r.available_at, r.id)):
-                if len(out) == limit or row.available_at > now:
-                    break
-                if row.state != rows.PENDING:
-                    continue
-                row.state = rows.DISPATCHING
-                row.claim_token = token
-                row.claimed_by = worker_id
-                row.claimed_at = now
-                row.updated_at = now
-                self.b.pending_by_key.pop(row.key, None)
-                out.append(dataclasses.replace(row))
-            return out
+            return fn(MemoryOutboxTable(self.store.backend))
 
-    def _held(self, row_id: int, token: str) -> OutboxRow | None:
+
+class MemoryOutboxTable(OutboxTable):
+    """The outbox dict; ``pending_by_key`` is SQL's partial unique index on pending keys."""
+
+    def __init__(self, b: MemoryBackend) -> None:
+        self.b = b
+
+    def claim(self, worker_id: str, now: int, limit: int, token: str) -> list[OutboxRow]:
+        out: list[OutboxRow] = []
+        for row in sorted(self.b.outbox.values(), key=lambda r: (r.available_at, r.id)):
+            if len(out) == limit or row.available_at > now:
+                break
+            if row.state != RowState.PENDING:
+                continue
+            row.state = RowState.DISPATCHING
+            row.claim_token = token
+            row.claimed_by = worker_id
+            row.claimed_at = now
+            row.updated_at = now
+            self.b.pending_by_key.pop(row.key, None)
+            out.append(dataclasses.replace(row))
+        return out
+
+    def find(self, row_id: int, state: RowState, token: str | None) -> tuple[str, int] | None:
         row = self.b.outbox.get(row_id)
-        if row is None or row.state != rows.DISPATCHING or row.claim_token != token:
+        if row is None or row.state != state or row.claim_token != token:
             return None
-        return row
+        return row.key, row.attempts
 
-    def _finish(self, row: OutboxRow, state: str, now: int, code: str | None) -> None:
+    def has_pending(self, key: str) -> bool:
+        return key in self.b.pending_by_key
+
+    def finish(
+        self, row_id: int, state: RowState, attempts: int, code: str | None, now: int
+    ) -> None:
+        row = self.b.outbox[row_id]
         row.state = state
+        row.attempts = attempts
         row.claim_token = None
         row.last_code = code
         row.updated_at = now
 
-    def _requeue(self, row: OutboxRow, now: int, available_at: int, code: str | None) -> None:
-        """Back to pending, unless a newer pending row for the key supersedes it."""
-        if row.key in self.b.pending_by_key:
-            self._finish(row, rows.COMPLETED, now, rows.SUPERSEDED)
-            return
-        self._finish(row, rows.PENDING, now, code)
+    def requeue(
+        self, row_id: int, attempts: int, code: str | None, now: int, available_at: int
+    ) -> None:
+        self.finish(row_id, RowState.PENDING, attempts, code, now)
+        row = self.b.outbox[row_id]
         row.available_at = available_at
-        self.b.pending_by_key[row.key] = row.id
-
-    def settle_many(self, items: Sequence[rows.Settlement]) -> list[bool]:
-        with self.store.lock:
-            return [self._settle(*item) for item in items]
-
-    def _settle(
-        self,
-        row_id: int,
-        token: str,
-        state: str,
-        now: int,
-        code: str | None,
-        available_at: int | None,
-    ) -> bool:
-        row = self._held(row_id, token)
-        if row is None:
-            return False
-        if state == rows.PENDING:
-            row.attempts += 1
-            self._requeue(row, now, available_at if available_at is not None else now, code)
-        else:
-            if state == rows.FAILED:
-                row.attempts += 1
-            self._finish(row, state, now, code)
-        return True
+        self.b.pending_by_key[row.key] = row_id
 
     def unknown_rows(self, limit: int) -> list[OutboxRow]:
-        with self.store.lock:
-            found = [r for r in self.b.outbox.values() if r.state == rows.OUTCOME_UNKNOWN]
-            return [dataclasses.replace(r) for r in sorted(found, key=lambda r: r.id)[:limit]]
+        found = [r for r in self.b.outbox.values() if r.state == RowState.OUTCOME_UNKNOWN]
+        return [dataclasses.replace(r) for r in sorted(found, key=lambda r: r.id)[:limit]]
 
-    def settle_unknown(self, row_id: int, now: int, state: str, code: str | None) -> bool:
-        with self.store.lock:
-            row = self.b.outbox.get(row_id)
-            if row is None or row.state != rows.OUTCOME_UNKNOWN:
-                return False
-            if state == rows.PENDING:
-                self._requeue(row, now, now, code)
-            else:
-                self._finish(row, state, now, code)
-            return True
-
-    def release_expired_claims(self, cutoff: int, now: int, code: str) -> int:
-        with self.store.lock:
-            n = 0
-            for row in self.b.outbox.values():
-                if row.state == rows.DISPATCHING and (row.claimed_at or 0) < cutoff:
-                    self._finish(row, rows.OUTCOME_UNKNOWN, now, code)
-                    n += 1
-            return n
+    def release_expired(self, cutoff: int, now: int, code: str) -> int:
+        n = 0
+        for row in self.b.outbox.values():
+            if row.state == RowState.DISPATCHING and (row.claimed_at or 0) < cutoff:
+                self.finish(row.id, RowState.OUTCOME_UNKNOWN, row.attempts, code, now)
+                n += 1
+        return n
 
     def purge_completed(self, before: int) -> int:
-        with self.store.lock:
-            old = [
-                r.id
-                for r in self.b.outbox.values()
-                if r.state == rows.COMPLETED and r.updated_at < before
-            ]
-            for i in old:
-                del self.b.outbox[i]
-            return len(old)
+        old = [
+            r.id
+            for r in self.b.outbox.values()
+            if r.state == RowState.COMPLETED and r.updated_at < before
+        ]
+        for i in old:
+            del self.b.outbox[i]
+        return len(old)
 
     def next_due(self) -> int | None:
-        with self.store.lock:
-            due = [r.available_at for r in self.b.outbox.values() if r.state == rows.PENDING]
-            return min(due) if due else None
+        due = [r.available_at for r in self.b.outbox.values() if r.state == RowState.PENDING]
+        return min(due) if due else None

@@ -97,6 +97,8 @@ from psycopg.adapt import Loader
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.pq import TransactionStatus
 
+from troth.outbox.rows import OutboxRow, RowState, Settlement
+from troth.protocol.address import parse_poll
 from troth.protocol.records import (
     PENDING,
     TAG_BRANCH,
@@ -110,20 +112,11 @@ from troth.protocol.records import (
     Unblock,
     Value,
 )
-from troth.store import rows
-from troth.store.base import (
-    Backend,
-    Job,
-    Outcome,
-    Overlay,
-    Store,
-    StoreUnavailable,
-    Writes,
-)
-from troth.store.memory import snap_promise, snap_row, snap_task
+from troth.store.base import Backend, Job, Outcome, Overlay, Store, StoreUnavailable
 from troth.store.migrate import Migration, SchemaTooNew, load_migrations
-from troth.store.rows import OutboxRow
-from troth.transport.address import parse_poll
+from troth.store.outbox import OutboxStore, OutboxTable
+from troth.store.snapshot import snapshot
+from troth.store.writes import Writes
 
 __all__ = ["PostgresBackend", "PostgresOutbox", "PostgresStore", "StoreBusy", "Unstorable"]
 
@@ -985,23 +978,18 @@ class PostgresBackend(Backend):
         """Everything, in memory.py's ``snapshot()`` format (built from the same Structs)."""
         self.flush()
         q = self.cur.execute
-        return {
-            "promises": [
-                snap_promise(_promise(r))
+        return snapshot(
+            [
+                _promise(r)
                 for r in q(f"SELECT {_PROMISE_COLS} FROM promises ORDER BY id").fetchall()
             ],
-            "tasks": [
-                snap_task(_task(r))
-                for r in q(f"SELECT {_TASK_COLS} FROM tasks ORDER BY id").fetchall()
-            ],
-            "schedules": [
-                msgspec.to_builtins(_schedule(r))
+            [_task(r) for r in q(f"SELECT {_TASK_COLS} FROM tasks ORDER BY id").fetchall()],
+            [
+                _schedule(r)
                 for r in q(f"SELECT {_SCHEDULE_COLS} FROM schedules ORDER BY id").fetchall()
             ],
-            "outbox": [
-                snap_row(_outbox_row(r)) for r in q(f"{_SELECT_OUTBOX} ORDER BY id").fetchall()
-            ],
-        }
+            [_outbox_row(r) for r in q(f"{_SELECT_OUTBOX} ORDER BY id").fetchall()],
+        )
 
 
 # -- migrations -------------------------------------------------------------------------------
@@ -1358,7 +1346,7 @@ class PostgresStore(Session, Store):
                         raise _Retry() from exc
                     aside[i] = exc
                     raise _Rerun() from exc
-            outcomes.append(Outcome(value=value, wrote=bool(overlay.writes)))
+            outcomes.append(Outcome.of(value, overlay.writes))
         try:
             backend.flush()
         except _FlushFailed as exc:
@@ -1467,8 +1455,8 @@ class OutboxSession(Session):
     settings = ("SET synchronous_commit = off",)
 
 
-class PostgresOutbox:
-    """The outbox-row lifecycle (``store.rows.OutboxLifecycle``) over the outbox table.
+class PostgresOutbox(OutboxStore):
+    """The outbox-row lifecycle (``outbox.rows.OutboxLifecycle``) over the outbox table.
 
     Row for row what memory.py's ``MemoryOutbox`` does, each call one transaction
     (re-run on conflicts) on a connection of its own (:class:`OutboxSession`, opened
@@ -1501,6 +1489,10 @@ class PostgresOutbox:
     def run(self, fn: Callable[[Cur], T]) -> T:
         return self.session.run(fn)
 
+    def write(self, fn: Callable[[OutboxTable], T]) -> T:
+        routing = self.routing
+        return self.run(lambda cur: fn(PostgresOutboxTable(cur, routing)))
+
     def notify(self, payload: str) -> None:
         """``NOTIFY troth`` on the outbox connection, at once (its own transaction)."""
         self.run(lambda cur: cur.execute(_NOTIFY, (payload,)))
@@ -1511,8 +1503,15 @@ class PostgresOutbox:
                 self._session.close()
                 self._session = None
 
-    def claim_due(self, worker_id: str, now: int, limit: int, token: str) -> list[OutboxRow]:
-        """Pending rows available by ``now``, oldest ``(available_at, id)`` first."""
+
+class PostgresOutboxTable(OutboxTable):
+    """The outbox table on one transaction of the outbox session."""
+
+    def __init__(self, cur: Cur, routing: Routing | None) -> None:
+        self.cur = cur
+        self.routing = routing
+
+    def claim(self, worker_id: str, now: int, limit: int, token: str) -> list[OutboxRow]:
         params: dict[str, Any] = {"now": now, "limit": limit, "token": token, "worker": worker_id}
         sql = _CLAIM
         routing = self.routing
@@ -1525,105 +1524,58 @@ class PostgresOutbox:
                 pairs=list(pairs),
             )
             sql = _CLAIM_ROUTED
-        claimed = self.run(lambda cur: cur.execute(sql, params).fetchall())
-        out = [_outbox_row(r) for r in claimed]
-        out.sort(key=lambda r: (r.available_at, r.id))  # RETURNING has no order
-        return out
+        return [_outbox_row(r) for r in self.cur.execute(sql, params).fetchall()]
 
-    def settle_many(self, items: Sequence[rows.Settlement]) -> list[bool]:
-        """Several settlements in one transaction, in the order given.
-
-        Settlements that end a row (completed, failed, outcome_unknown) of distinct
-        rows are one statement: the dispatcher's common case.  A requeue (which may
-        meet a newer pending row of its key) or a row named twice goes one by one.
-        """
-        ids = [item[0] for item in items]
-        if len(set(ids)) == len(ids) and all(item[2] != rows.PENDING for item in items):
-            return self.run(lambda cur: self._finish_many(cur, items))
-        return self.run(lambda cur: [self._settle(cur, *item) for item in items])
-
-    @staticmethod
-    def _finish_many(cur: Cur, items: Sequence[rows.Settlement]) -> list[bool]:
-        values = [
-            (row_id, token, state, int(state == rows.FAILED), code, str(now))
-            for row_id, token, state, now, code, _ in items
-        ]
-        columns = [list(column) for column in zip(*values, strict=True)]
-        done = {r[0] for r in cur.execute(_FINISH_MANY, columns).fetchall()}
-        return [item[0] in done for item in items]
-
-    def _settle(
-        self,
-        cur: Cur,
-        row_id: int,
-        token: str,
-        state: str,
-        now: int,
-        code: str | None,
-        available_at: int | None,
-    ) -> bool:
-        held = cur.execute(_HELD, (row_id, token)).fetchone()
-        if held is None:
-            return False
-        key, attempts = held
-        if state == rows.PENDING:
-            at = available_at if available_at is not None else now
-            self._requeue(cur, row_id, key, attempts + 1, now, at, code)
+    def find(self, row_id: int, state: RowState, token: str | None) -> tuple[str, int] | None:
+        if token is None:
+            found = self.cur.execute(_IN_STATE, (row_id, str(state))).fetchone()
         else:
-            if state == rows.FAILED:
-                attempts += 1
-            cur.execute(_FINISH, (state, attempts, code, now, row_id))
-        return True
+            found = self.cur.execute(_HELD, (row_id, token)).fetchone()
+        return None if found is None else (found[0], found[1])
+
+    def has_pending(self, key: str) -> bool:
+        return self.cur.execute(_HAS_PENDING, (key,)).fetchone() is not None
+
+    def finish(
+        self, row_id: int, state: RowState, attempts: int, code: str | None, now: int
+    ) -> None:
+        self.cur.execute(_FINISH, (str(state), attempts, code, now, row_id))
+
+    def requeue(
+        self, row_id: int, attempts: int, code: str | None, now: int, available_at: int
+    ) -> None:
+        """If a request inserts a newer pending row of the key between ``has_pending``
+        and this update, the partial unique index refuses it (23505) and the
+        transaction re-runs, finding the row this time."""
+        self.cur.execute(_REQUEUE, (attempts, code, now, available_at, row_id))
+
+    def finish_many(self, items: Sequence[Settlement]) -> set[int]:
+        columns: list[list[Any]] = [[], [], [], [], [], []]
+        for s in items:
+            for column, value in zip(
+                columns,
+                (
+                    s.row_id,
+                    s.token,
+                    str(s.state),
+                    int(s.state == RowState.FAILED),
+                    s.code,
+                    str(s.now),
+                ),
+                strict=True,
+            ):
+                column.append(value)
+        return {r[0] for r in self.cur.execute(_FINISH_MANY, columns).fetchall()}
 
     def unknown_rows(self, limit: int) -> list[OutboxRow]:
-        found = self.run(lambda cur: cur.execute(_UNKNOWN_ROWS, (limit,)).fetchall())
-        return [_outbox_row(r) for r in found]
+        return [_outbox_row(r) for r in self.cur.execute(_UNKNOWN_ROWS, (limit,)).fetchall()]
 
-    def settle_unknown(self, row_id: int, now: int, state: str, code: str | None) -> bool:
-        def settle(cur: Cur) -> bool:
-            found = cur.execute(_IN_STATE, (row_id, rows.OUTCOME_UNKNOWN)).fetchone()
-            if found is None:
-                return False
-            key, attempts = found
-            if state == rows.PENDING:
-                self._requeue(cur, row_id, key, attempts, now, now, code)
-            else:
-                cur.execute(_FINISH, (state, attempts, code, now, row_id))
-            return True
-
-        return self.run(settle)
-
-    def release_expired_claims(self, cutoff: int, now: int, code: str) -> int:
-        """Claims older than ``cutoff`` may have been sent: their outcome is unknown."""
-        return self.run(lambda cur: cur.execute(_RELEASE_EXPIRED, (code, now, cutoff)).rowcount)
+    def release_expired(self, cutoff: int, now: int, code: str) -> int:
+        return self.cur.execute(_RELEASE_EXPIRED, (code, now, cutoff)).rowcount
 
     def purge_completed(self, before: int) -> int:
-        return self.run(lambda cur: cur.execute(_PURGE_COMPLETED, (before,)).rowcount)
+        return self.cur.execute(_PURGE_COMPLETED, (before,)).rowcount
 
     def next_due(self) -> int | None:
-        def read(cur: Cur) -> int | None:
-            row = cur.execute(_NEXT_DUE).fetchone()
-            return None if row is None else row[0]
-
-        return self.run(read)
-
-    @staticmethod
-    def _requeue(
-        cur: Cur,
-        row_id: int,
-        key: str,
-        attempts: int,
-        now: int,
-        available_at: int,
-        code: str | None,
-    ) -> None:
-        """Back to pending, unless a newer pending row of the key supersedes it.
-
-        If a request inserts that newer row between the check and the update, the
-        partial unique index refuses the update (23505) and the transaction re-runs,
-        finding the row this time.
-        """
-        if cur.execute(_HAS_PENDING, (key,)).fetchone() is not None:
-            cur.execute(_FINISH, (rows.COMPLETED, attempts, rows.SUPERSEDED, now, row_id))
-            return
-        cur.execute(_REQUEUE, (attempts, code, now, available_at, row_id))
+        row = self.cur.execute(_NEXT_DUE).fetchone()
+        return None if row is None else row[0]

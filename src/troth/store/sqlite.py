@@ -22,7 +22,8 @@ Layout, and why:
   ints do.  Negative values beyond 64 bits (unreachable: every stored integer is a
   natural) are refused.
 * The outbox delivery lifecycle (``store.outbox``, :class:`SqliteOutbox`) moves
-  the same rows through the states of ``store.rows``, each step one transaction.
+  the same rows through the states of ``outbox.rows`` (rules in ``store/outbox.py``),
+  each step one transaction.
 * Connection: autocommit mode (``isolation_level=None``) with explicit
   ``BEGIN IMMEDIATE``, so the write lock is taken when the batch starts, not at its
   first write (no lock upgrade, no ``SQLITE_BUSY`` half way through a batch).  It is
@@ -33,12 +34,13 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import msgspec
 
+from troth.outbox.rows import OutboxRow, RowState
 from troth.protocol.records import (
     PENDING,
     TAG_BRANCH,
@@ -52,13 +54,15 @@ from troth.protocol.records import (
     Unblock,
     Value,
 )
-from troth.store import rows
-from troth.store.base import Backend, Store, StoreUnavailable, Writes
-from troth.store.memory import snap_promise, snap_row, snap_task
+from troth.store.base import Backend, Store, StoreUnavailable
 from troth.store.migrate import check_version, migrate
-from troth.store.rows import OutboxRow
+from troth.store.outbox import OutboxStore, OutboxTable
+from troth.store.snapshot import snapshot
+from troth.store.writes import Writes
 
 __all__ = ["SqliteBackend", "SqliteOutbox", "SqliteStore"]
+
+T = TypeVar("T")
 
 # -- encoding ---------------------------------------------------------------------------
 
@@ -479,20 +483,12 @@ class SqliteBackend(Backend):
     def snapshot(self) -> dict[str, Any]:
         """Everything, in memory.py's ``snapshot()`` format (built from the same Structs)."""
         q = self.conn.execute
-        return {
-            "promises": [
-                snap_promise(_promise(r))
-                for r in q(f"SELECT {_PROMISE_COLS} FROM promises ORDER BY id")
-            ],
-            "tasks": [
-                snap_task(_task(r)) for r in q(f"SELECT {_TASK_COLS} FROM tasks ORDER BY id")
-            ],
-            "schedules": [
-                msgspec.to_builtins(_schedule(r))
-                for r in q(f"SELECT {_SCHEDULE_COLS} FROM schedules ORDER BY id")
-            ],
-            "outbox": [snap_row(_outbox_row(r)) for r in q(f"{_SELECT_OUTBOX} ORDER BY id")],
-        }
+        return snapshot(
+            (_promise(r) for r in q(f"SELECT {_PROMISE_COLS} FROM promises ORDER BY id")),
+            (_task(r) for r in q(f"SELECT {_TASK_COLS} FROM tasks ORDER BY id")),
+            (_schedule(r) for r in q(f"SELECT {_SCHEDULE_COLS} FROM schedules ORDER BY id")),
+            (_outbox_row(r) for r in q(f"{_SELECT_OUTBOX} ORDER BY id").fetchall()),
+        )
 
 
 # -- the store ---------------------------------------------------------------------------------
@@ -620,97 +616,64 @@ class SqliteStore(Store):
             return check_version(self.conn)
 
 
-class SqliteOutbox:
-    """The outbox-row lifecycle (``store.rows.OutboxLifecycle``) over the outbox table.
-
-    Row for row what memory.py's ``MemoryOutbox`` does, each call one ``BEGIN
-    IMMEDIATE`` transaction, so a claim is atomic even with other processes on the
-    same file.  Memory's ``pending_by_key`` is the partial unique index here: a row
-    is "the pending row of its key" exactly while its state is ``pending``.
-    """
+class SqliteOutbox(OutboxStore):
+    """The outbox-row lifecycle (``store/outbox.py``) over the outbox table: each call
+    one ``BEGIN IMMEDIATE`` transaction, so a claim is atomic even with other
+    processes on the same file."""
 
     def __init__(self, store: SqliteStore) -> None:
         self.store = store
 
-    def claim_due(self, worker_id: str, now: int, limit: int, token: str) -> list[OutboxRow]:
-        """Pending rows available by ``now``, oldest ``(available_at, id)`` first."""
+    def write(self, fn: Callable[[OutboxTable], T]) -> T:
+        with self.store.transaction() as conn:
+            return fn(SqliteOutboxTable(conn))
+
+    def read(self, fn: Callable[[OutboxTable], T]) -> T:
+        with self.store.lock:
+            return fn(SqliteOutboxTable(self.store.conn))
+
+
+class SqliteOutboxTable(OutboxTable):
+    """Memory's ``pending_by_key`` is the partial unique index here: a row is "the
+    pending row of its key" exactly while its state is ``pending``."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+
+    def claim(self, worker_id: str, now: int, limit: int, token: str) -> list[OutboxRow]:
         at = _int_in(now)
-        with self.store.transaction() as conn:
-            claimed = conn.execute(_CLAIM, (token, worker_id, at, at, at, limit)).fetchall()
-        out = [_outbox_row(r) for r in claimed]
-        out.sort(key=lambda r: (r.available_at, r.id))  # RETURNING has no order
-        return out
+        claimed = self.conn.execute(_CLAIM, (token, worker_id, at, at, at, limit)).fetchall()
+        return [_outbox_row(r) for r in claimed]
 
-    def settle_many(self, items: Sequence[rows.Settlement]) -> list[bool]:
-        """Several settlements in one transaction (one fsync for a whole sweep)."""
-        with self.store.transaction() as conn:
-            return [self._settle(conn, *item) for item in items]
-
-    def _settle(
-        self,
-        conn: sqlite3.Connection,
-        row_id: int,
-        token: str,
-        state: str,
-        now: int,
-        code: str | None,
-        available_at: int | None,
-    ) -> bool:
-        held = conn.execute(_HELD, (row_id, token)).fetchone()
-        if held is None:
-            return False
-        key, attempts = held
-        if state == rows.PENDING:
-            at = available_at if available_at is not None else now
-            self._requeue(conn, row_id, key, attempts + 1, now, at, code)
+    def find(self, row_id: int, state: RowState, token: str | None) -> tuple[str, int] | None:
+        if token is None:
+            found = self.conn.execute(_IN_STATE, (row_id, str(state))).fetchone()
         else:
-            if state == rows.FAILED:
-                attempts += 1
-            conn.execute(_FINISH, (state, attempts, code, _int_in(now), row_id))
-        return True
+            found = self.conn.execute(_HELD, (row_id, token)).fetchone()
+        return None if found is None else (found[0], found[1])
+
+    def has_pending(self, key: str) -> bool:
+        return self.conn.execute(_HAS_PENDING, (key,)).fetchone() is not None
+
+    def finish(
+        self, row_id: int, state: RowState, attempts: int, code: str | None, now: int
+    ) -> None:
+        self.conn.execute(_FINISH, (str(state), attempts, code, _int_in(now), row_id))
+
+    def requeue(
+        self, row_id: int, attempts: int, code: str | None, now: int, available_at: int
+    ) -> None:
+        self.conn.execute(_REQUEUE, (attempts, code, _int_in(now), _int_in(available_at), row_id))
 
     def unknown_rows(self, limit: int) -> list[OutboxRow]:
-        with self.store.lock:
-            return [_outbox_row(r) for r in self.store.conn.execute(_UNKNOWN_ROWS, (limit,))]
+        return [_outbox_row(r) for r in self.conn.execute(_UNKNOWN_ROWS, (limit,))]
 
-    def settle_unknown(self, row_id: int, now: int, state: str, code: str | None) -> bool:
-        with self.store.transaction() as conn:
-            found = conn.execute(_IN_STATE, (row_id, rows.OUTCOME_UNKNOWN)).fetchone()
-            if found is None:
-                return False
-            key, attempts = found
-            if state == rows.PENDING:
-                self._requeue(conn, row_id, key, attempts, now, now, code)
-            else:
-                conn.execute(_FINISH, (state, attempts, code, _int_in(now), row_id))
-            return True
-
-    def release_expired_claims(self, cutoff: int, now: int, code: str) -> int:
-        """Claims older than ``cutoff`` may have been sent: their outcome is unknown."""
-        with self.store.transaction() as conn:
-            return conn.execute(_RELEASE_EXPIRED, (code, _int_in(now), _int_in(cutoff))).rowcount
+    def release_expired(self, cutoff: int, now: int, code: str) -> int:
+        return self.conn.execute(_RELEASE_EXPIRED, (code, _int_in(now), _int_in(cutoff))).rowcount
 
     def purge_completed(self, before: int) -> int:
-        with self.store.transaction() as conn:
-            return conn.execute(_PURGE_COMPLETED, (_int_in(before),)).rowcount
+        return self.conn.execute(_PURGE_COMPLETED, (_int_in(before),)).rowcount
 
     def next_due(self) -> int | None:
-        with self.store.lock:
-            found: int | None = _int_out(self.store.conn.execute(_NEXT_DUE).fetchone()[0])
-            return found
-
-    @staticmethod
-    def _requeue(
-        conn: sqlite3.Connection,
-        row_id: int,
-        key: str,
-        attempts: int,
-        now: int,
-        available_at: int,
-        code: str | None,
-    ) -> None:
-        """Back to pending, unless a newer pending row of the key supersedes it."""
-        if conn.execute(_HAS_PENDING, (key,)).fetchone() is not None:
-            conn.execute(_FINISH, (rows.COMPLETED, attempts, rows.SUPERSEDED, _int_in(now), row_id))
-            return
-        conn.execute(_REQUEUE, (attempts, code, _int_in(now), _int_in(available_at), row_id))
+        found: int | None = _int_out(self.conn.execute(_NEXT_DUE).fetchone()[0])
+        return found

@@ -11,8 +11,8 @@ from __future__ import annotations
 import httpx
 
 from troth.outbox import codes
+from troth.outbox.rows import OutboxRow
 from troth.outbox.types import Completed, Dispatched, Permanent, Retryable, Unknown
-from troth.store.rows import OutboxRow
 from troth.transport.messages import message_body
 
 

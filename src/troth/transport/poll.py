@@ -18,9 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from troth.outbox import codes
+from troth.outbox.rows import OutboxRow
 from troth.outbox.types import Completed, Dispatched, Permanent, Retryable, Unknown
-from troth.store.rows import OutboxRow
-from troth.transport.address import PollAddress, parse_poll
+from troth.protocol.address import PollAddress, parse_poll
 from troth.transport.messages import message_body
 
 #: Messages waiting per connection before it counts as unable to take more.

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from troth.outbox import codes
+from troth.outbox.rows import OutboxRow
 from troth.outbox.types import Dispatched, OutboxSender, Permanent
-from troth.store.rows import OutboxRow
+from troth.protocol.address import HTTP, HTTPS, POLL, scheme_of
 
 
 class Router:
@@ -15,9 +16,9 @@ class Router:
         self.http = http
 
     async def send(self, row: OutboxRow) -> Dispatched:
-        address = row.address
-        if address.startswith("poll://"):
+        scheme = scheme_of(row.address)
+        if scheme == POLL:
             return await self.poll.send(row)
-        if address.startswith(("http://", "https://")):
+        if scheme in (HTTP, HTTPS):
             return await self.http.send(row)
         return Permanent(codes.BAD_ADDRESS)

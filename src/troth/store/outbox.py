@@ -1,0 +1,168 @@
+"""The outbox-row lifecycle, written once for every store.
+
+The rules live here (which row a settlement may move, who counts attempts, when a
+requeued row is superseded by a newer pending row of its key); a store supplies
+only an :class:`OutboxTable` — one transaction's primitive reads and writes of its
+outbox table — and says how to run a transaction (:meth:`OutboxStore.write`,
+:meth:`OutboxStore.read`).  The store alone counts attempts: a send that did not
+arrive (requeue) or failed counts one; completion, an unknown outcome, and
+reconciliation's verdicts count none.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+from troth.outbox import codes
+from troth.outbox.rows import OutboxRow, RowState, Settlement
+
+T = TypeVar("T")
+
+
+class OutboxTable(ABC):
+    """One transaction's access to the outbox table: what a dialect implements."""
+
+    @abstractmethod
+    def claim(self, worker_id: str, now: int, limit: int, token: str) -> list[OutboxRow]:
+        """Due pending rows to ``dispatching`` (skip-locked where rows lock)."""
+
+    @abstractmethod
+    def find(self, row_id: int, state: RowState, token: str | None) -> tuple[str, int] | None:
+        """``(key, attempts)`` of the row if it is in ``state`` (and, with a token, held
+        under it), locking it where rows lock; else None."""
+
+    @abstractmethod
+    def has_pending(self, key: str) -> bool: ...
+
+    @abstractmethod
+    def finish(
+        self, row_id: int, state: RowState, attempts: int, code: str | None, now: int
+    ) -> None:
+        """Set state, attempts and code; drop the claim token."""
+
+    @abstractmethod
+    def requeue(
+        self, row_id: int, attempts: int, code: str | None, now: int, available_at: int
+    ) -> None:
+        """Back to ``pending`` at ``available_at``; drop the claim token."""
+
+    def finish_many(self, items: Sequence[Settlement]) -> set[int]:
+        """Settlements that end distinct held rows (no requeue); the ids settled.
+
+        Dialects with a one-statement form override it (PostgreSQL)."""
+        done: set[int] = set()
+        for s in items:
+            found = self.find(s.row_id, RowState.DISPATCHING, s.token)
+            if found is not None:
+                attempts = found[1] + (s.state == RowState.FAILED)
+                self.finish(s.row_id, s.state, attempts, s.code, s.now)
+                done.add(s.row_id)
+        return done
+
+    @abstractmethod
+    def unknown_rows(self, limit: int) -> list[OutboxRow]: ...
+
+    @abstractmethod
+    def release_expired(self, cutoff: int, now: int, code: str) -> int: ...
+
+    @abstractmethod
+    def purge_completed(self, before: int) -> int: ...
+
+    @abstractmethod
+    def next_due(self) -> int | None: ...
+
+
+def settle_row(table: OutboxTable, s: Settlement) -> bool:
+    """One settlement by the rules of ``outbox.rows``; False if the row does not match."""
+    expected = RowState.DISPATCHING if s.token is not None else RowState.OUTCOME_UNKNOWN
+    found = table.find(s.row_id, expected, s.token)
+    if found is None:
+        return False
+    key, attempts = found
+    counted = s.token is not None and s.state in (RowState.PENDING, RowState.FAILED)
+    if counted:
+        attempts += 1
+    if s.state == RowState.PENDING:
+        at = s.available_at if s.available_at is not None else s.now
+        requeue_or_supersede(table, s.row_id, key, attempts, s.now, at, s.code)
+    else:
+        table.finish(s.row_id, s.state, attempts, s.code, s.now)
+    return True
+
+
+def requeue_or_supersede(
+    table: OutboxTable,
+    row_id: int,
+    key: str,
+    attempts: int,
+    now: int,
+    available_at: int,
+    code: str | None,
+) -> None:
+    """Back to pending, unless a newer pending row of the key supersedes it (at most
+    one pending row per key: the newer message is the one to send)."""
+    if table.has_pending(key):
+        table.finish(row_id, RowState.COMPLETED, attempts, codes.SUPERSEDED, now)
+    else:
+        table.requeue(row_id, attempts, code, now, available_at)
+
+
+class OutboxStore(ABC):
+    """``outbox.rows.OutboxLifecycle`` over a dialect's :class:`OutboxTable`."""
+
+    independent: bool = False
+
+    @abstractmethod
+    def write(self, fn: Callable[[OutboxTable], T]) -> T:
+        """Run ``fn`` in one write transaction (re-run on conflicts where that applies)."""
+
+    def read(self, fn: Callable[[OutboxTable], T]) -> T:
+        """Run a read-only ``fn`` (a dialect may read without a write transaction)."""
+        return self.write(fn)
+
+    def claim_due(self, worker_id: str, now: int, limit: int, token: str) -> list[OutboxRow]:
+        rows = self.write(lambda t: t.claim(worker_id, now, limit, token))
+        rows.sort(key=lambda r: (r.available_at, r.id))  # RETURNING has no order
+        return rows
+
+    def settle(self, items: Sequence[Settlement]) -> list[bool]:
+        """Several settlements in one transaction, in the order given.
+
+        Settlements that end distinct held rows go together (``finish_many``: the
+        dispatcher's common case); a requeue (which may meet a newer pending row of
+        its key), a reconciliation or a row named twice goes one by one.
+        """
+        ids = [s.row_id for s in items]
+        if len(set(ids)) == len(ids) and all(
+            s.token is not None and s.state != RowState.PENDING for s in items
+        ):
+            done = self.write(lambda t: t.finish_many(items))
+            return [s.row_id in done for s in items]
+        return self.write(lambda t: [settle_row(t, s) for s in items])
+
+    def unknown_rows(self, limit: int) -> list[OutboxRow]:
+        return self.read(lambda t: t.unknown_rows(limit))
+
+    def release_expired_claims(self, cutoff: int, now: int, code: str) -> int:
+        return self.write(lambda t: t.release_expired(cutoff, now, code))
+
+    def purge_completed(self, before: int) -> int:
+        return self.write(lambda t: t.purge_completed(before))
+
+    def next_due(self) -> int | None:
+        return self.read(lambda t: t.next_due())
+
+
+def settle_one(
+    life: OutboxStore,
+    row_id: int,
+    token: str | None,
+    state: str,
+    now: int,
+    code: str | None = None,
+    available_at: int | None = None,
+) -> bool:
+    """One settlement through :meth:`OutboxStore.settle` (tests, tools)."""
+    return life.settle([Settlement(row_id, token, RowState(state), now, code, available_at)])[0]
