@@ -38,9 +38,17 @@ from troth.server.config import ConfigError, Settings
 from troth.server.run import open_store
 from troth.store.base import Job, Overlay, Store
 from troth.store.memory import MemoryStore
-from troth.store.migrate import SchemaTooNew
+from troth.store.migrate import Migration, SchemaTooNew, load_migrations
 from troth.store.outbox import settle_one
-from troth.store.postgres import PostgresStore, StoreBusy, Unstorable, latest_version, migrations
+from troth.store.postgres import PostgresStore, StoreBusy, Unstorable
+
+
+def migrations() -> tuple[Migration, ...]:
+    return load_migrations("troth.store.postgres")
+
+
+def latest_version() -> int:
+    return len(migrations())
 
 
 @pytest.fixture(scope="module")

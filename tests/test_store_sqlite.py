@@ -15,18 +15,21 @@ import pytest
 
 from troth.protocol.records import Execute, Promise, Schedule, Task, Unblock, Value
 from troth.store.base import Job, Overlay, StoreUnavailable
-from troth.store.migrate import (
-    Migration,
-    SchemaError,
-    SchemaTooNew,
-    latest_version,
-    migrations,
-    split_statements,
-)
+from troth.store.migrate import Migration, SchemaError, SchemaTooNew, load_migrations
 from troth.store.outbox import settle_one
+from troth.store.queries import load_queries
 from troth.store.sqlite import SqliteStore
+from troth.store.sqlite.migrate import split_statements
 
 FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def migrations() -> tuple[Migration, ...]:
+    return load_migrations("troth.store.sqlite")
+
+
+def latest_version() -> int:
+    return len(migrations())
 
 
 @pytest.fixture
@@ -383,7 +386,7 @@ def test_failed_migration_leaves_the_previous_version(
     build_v1(db)
     real = migrations()
     broken = Migration(2, "outbox_delivery", real[1].sql + "\nSELECT no_such_function();\n")
-    monkeypatch.setattr("troth.store.migrate.migrations", lambda: (real[0], broken))
+    monkeypatch.setattr("troth.store.migrate.load_migrations", lambda _: (real[0], broken))
     with pytest.raises(sqlite3.OperationalError):
         SqliteStore(db)
     assert raw(db, "SELECT max(version) FROM schema_version") == [(1,)]
@@ -484,19 +487,19 @@ def test_every_query_uses_an_index(store: SqliteStore) -> None:
 
 
 def test_timer_queries_use_their_partial_indexes(store: SqliteStore) -> None:
-    from troth.store import sqlite as module
+    q = load_queries("troth.store.sqlite")
 
     def plan(sql: str, params: tuple[Any, ...]) -> str:
         return " | ".join(r[3] for r in store.conn.execute("EXPLAIN QUERY PLAN " + sql, params))
 
-    assert "promises_timeout" in plan(module._DUE_PROMISES, (1, 1))
-    due_tasks = plan(module._DUE_TASKS, (1, 1))
+    assert "promises_timeout" in plan(q["due_promises"], (1, 1))
+    due_tasks = plan(q["due_tasks"], (1, 1))
     assert "tasks_retry" in due_tasks and "tasks_expiry" in due_tasks
     assert "MERGE" in due_tasks
-    assert "schedules_next_run" in plan(module._DUE_SCHEDULES, (1, 1))
-    assert "promises_undrained" in plan(module._UNDRAINED, (1,))
-    assert "promises_branch" in plan(module._BRANCH, ("b", 1))
-    nd = plan(module._NEXT_DEADLINE, ())
+    assert "schedules_next_run" in plan(q["due_schedules"], (1, 1))
+    assert "promises_undrained" in plan(q["undrained_promises"], (1,))
+    assert "promises_branch" in plan(q["promises_in_branch"], ("b", 1))
+    nd = plan(q["next_deadline"], ())
     for index in (
         "promises_undrained",
         "promises_timeout",
@@ -505,4 +508,4 @@ def test_timer_queries_use_their_partial_indexes(store: SqliteStore) -> None:
         "schedules_next_run",
     ):
         assert index in nd
-    assert "outbox_pending_key" in plan(module._DELETE_PENDING_MESSAGE, ("k",))
+    assert "outbox_pending_key" in plan(q["delete_pending_message"], ("k",))

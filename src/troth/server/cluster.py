@@ -39,7 +39,7 @@ import logging
 import os
 import socket
 import uuid
-from typing import Any
+from typing import Any, Final
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -49,6 +49,7 @@ from troth.server.delivery import DeliveryLoop
 from troth.server.engine import Engine
 from troth.server.waiting import wait_event
 from troth.store.postgres import CHANNEL, PostgresStore, Routing
+from troth.store.queries import load_queries
 from troth.transport.poll import Registry
 
 log = logging.getLogger("troth.cluster")
@@ -58,25 +59,8 @@ AsyncConn = psycopg.AsyncConnection[tuple[Any, ...]]
 #: Seconds a starting node waits to be listening before it serves anyway.
 LISTEN_WAIT = 10.0
 
-_NOW_MS = "extract(epoch FROM clock_timestamp()) * 1000"
-_REGISTER = (
-    "INSERT INTO nodes (node, url, started_at, seen_at)"
-    f" VALUES (%s, %s, {_NOW_MS}, {_NOW_MS})"
-    " ON CONFLICT (node) DO UPDATE SET url = excluded.url, seen_at = excluded.seen_at"
-)
-_HEARTBEAT = f"UPDATE nodes SET seen_at = {_NOW_MS} WHERE node = %s"
-_FORGET_CONNECTIONS = "DELETE FROM connections WHERE node = %s"
-_ADD_CONNECTION = (
-    "INSERT INTO connections (node, grp, pid) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING"
-)
-_DROP_CONNECTION = "DELETE FROM connections WHERE node = %s AND grp = %s AND pid = %s"
-_DEAD = f"SELECT node FROM nodes WHERE seen_at < {_NOW_MS} - %s ORDER BY node FOR UPDATE"
-_REAP_CLAIMS = (
-    "UPDATE outbox SET state = 'outcome_unknown', claim_token = NULL, last_code = %s,"
-    " updated_at = %s WHERE state = 'dispatching' AND claimed_by = ANY(%s)"
-)
-_DELETE_NODES = "DELETE FROM nodes WHERE node = ANY(%s)"
-_LEAVE = "DELETE FROM nodes WHERE node = %s"
+#: Membership queries (``store/postgres/queries.sql``).
+_Q: Final = load_queries("troth.store.postgres")
 
 
 def default_node_id() -> str:
@@ -124,8 +108,8 @@ class Cluster:
         """Register, route claims through this node's reach, start listening."""
         async with self._lock:
             conn = await self._writer()
-            await conn.execute(_REGISTER, (self.node, self.url))
-            await conn.execute(_FORGET_CONNECTIONS, (self.node,))
+            await conn.execute(_Q["node_register"], (self.node, self.url))
+            await conn.execute(_Q["connections_forget"], (self.node,))
         self.store.outbox.routing = Routing(
             self.node, round(self.node_timeout * 1000), lambda: self._reach
         )
@@ -158,7 +142,7 @@ class Cluster:
         async with self._lock:
             try:
                 conn = await self._writer()
-                await conn.execute(_LEAVE, (self.node,))
+                await conn.execute(_Q["node_leave"], (self.node,))
             except (psycopg.Error, OSError) as exc:
                 log.warning("could not deregister node %s: %s", self.node, exc)
             await self._close_writer()
@@ -192,11 +176,11 @@ class Cluster:
                 async with conn.transaction(), conn.cursor() as cur:
                     if added:
                         await cur.executemany(
-                            _ADD_CONNECTION, [(self.node, g, id) for g, id in sorted(added)]
+                            _Q["connection_add"], [(self.node, g, id) for g, id in sorted(added)]
                         )
                     if gone:
                         await cur.executemany(
-                            _DROP_CONNECTION, [(self.node, g, id) for g, id in sorted(gone)]
+                            _Q["connection_drop"], [(self.node, g, id) for g, id in sorted(gone)]
                         )
             except BaseException:
                 await self._close_writer()
@@ -245,12 +229,12 @@ class Cluster:
     async def _beat(self) -> None:
         async with self._lock:
             conn = await self._writer()
-            cur = await conn.execute(_HEARTBEAT, (self.node,))
+            cur = await conn.execute(_Q["node_heartbeat"], (self.node,))
             if cur.rowcount == 0:
                 # Peers took this node for dead and removed it (and its connections):
                 # register again and republish everything.
                 log.warning("node %s was presumed dead by a peer; re-registering", self.node)
-                await conn.execute(_REGISTER, (self.node, self.url))
+                await conn.execute(_Q["node_register"], (self.node, self.url))
                 self._published = set()
                 self._dirty.set()
 
@@ -260,13 +244,15 @@ class Cluster:
         async with self._lock:
             conn = await self._writer()
             async with conn.transaction():
-                cur = await conn.execute(_DEAD, (round(self.node_timeout * 1000),))
+                cur = await conn.execute(_Q["nodes_dead"], (round(self.node_timeout * 1000),))
                 dead = [r[0] for r in await cur.fetchall() if r[0] != self.node]
                 if not dead:
                     return 0
-                cur = await conn.execute(_REAP_CLAIMS, (codes.NODE_DEAD, self.engine.clock(), dead))
+                cur = await conn.execute(
+                    _Q["claims_of_nodes_unknown"], (codes.NODE_DEAD, self.engine.clock(), dead)
+                )
                 reaped = max(cur.rowcount, 0)
-                await conn.execute(_DELETE_NODES, (dead,))
+                await conn.execute(_Q["nodes_delete"], (dead,))
         log.warning("nodes %s stopped heartbeating; %d of their claims reaped", dead, reaped)
         self.reaped += reaped
         return reaped

@@ -12,13 +12,20 @@ reconciliation's verdicts count none.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
-from typing import TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol, TypeVar
 
 from troth.outbox import codes
 from troth.outbox.rows import OutboxRow, RowState, Settlement
+from troth.store.codec import RowCodec
 
 T = TypeVar("T")
+
+
+class Cursor(Protocol):
+    """What :class:`SqlOutboxTable` needs of a DB-API cursor (sqlite3, psycopg)."""
+
+    def execute(self, sql: Any, params: Any = ..., /) -> Any: ...
 
 
 class OutboxTable(ABC):
@@ -107,6 +114,62 @@ def requeue_or_supersede(
         table.finish(row_id, RowState.COMPLETED, attempts, codes.SUPERSEDED, now)
     else:
         table.requeue(row_id, attempts, code, now, available_at)
+
+
+class SqlOutboxTable(OutboxTable):
+    """The outbox table of a SQL dialect, through its named queries.
+
+    Both dialects' ``queries.sql`` name these queries alike and take their
+    parameters in the same order; a dialect adds only its claim (and may override
+    :meth:`finish_many`).  Memory's ``pending_by_key`` is the partial unique index
+    there: a row is "the pending row of its key" exactly while it is ``pending``.
+    """
+
+    def __init__(self, cursor: Cursor, queries: Mapping[str, str], codec: RowCodec) -> None:
+        self.cur = cursor
+        self.q = queries
+        self.codec = codec
+
+    def find(self, row_id: int, state: RowState, token: str | None) -> tuple[str, int] | None:
+        if token is None:
+            found = self.cur.execute(self.q["in_state"], (row_id, str(state))).fetchone()
+        else:
+            found = self.cur.execute(self.q["held"], (row_id, token)).fetchone()
+        return None if found is None else (found[0], found[1])
+
+    def has_pending(self, key: str) -> bool:
+        return self.cur.execute(self.q["has_pending"], (key,)).fetchone() is not None
+
+    def finish(
+        self, row_id: int, state: RowState, attempts: int, code: str | None, now: int
+    ) -> None:
+        at = self.codec.int_in(now)
+        self.cur.execute(self.q["finish"], (str(state), attempts, code, at, row_id))
+
+    def requeue(
+        self, row_id: int, attempts: int, code: str | None, now: int, available_at: int
+    ) -> None:
+        i = self.codec.int_in
+        self.cur.execute(self.q["requeue"], (attempts, code, i(now), i(available_at), row_id))
+
+    def unknown_rows(self, limit: int) -> list[OutboxRow]:
+        found = self.cur.execute(self.q["unknown_rows"], (limit,)).fetchall()
+        return [self.codec.outbox_row(r) for r in found]
+
+    def release_expired(self, cutoff: int, now: int, code: str) -> int:
+        i = self.codec.int_in
+        count: int = self.cur.execute(self.q["release_expired"], (code, i(now), i(cutoff))).rowcount
+        return count
+
+    def purge_completed(self, before: int) -> int:
+        count: int = self.cur.execute(
+            self.q["purge_completed"], (self.codec.int_in(before),)
+        ).rowcount
+        return count
+
+    def next_due(self) -> int | None:
+        found: int | None = self.codec.int_out(self.cur.execute(self.q["next_due"]).fetchone()[0])
+        return found
 
 
 class OutboxStore(ABC):

@@ -1,0 +1,463 @@
+"""One transaction of the PostgreSQL store: locked reads, deferred coalesced writes.
+
+How and why it locks, caches, defers and detects a stale view is in
+``docs/architecture.md`` ("PostgreSQL").
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Collection, Sequence
+from typing import Any, Final
+
+import psycopg
+
+from troth.protocol.records import Execute, OutboxEntry, Promise, Schedule, Tags, Task
+from troth.store.base import Backend
+from troth.store.codec import PROMISE_COLS, SCHEDULE_COLS, TASK_COLS, RowCodec, json_text
+from troth.store.postgres.session import (
+    NUL,
+    RETRY_SQLSTATES,
+    Cur,
+    FlushFailed,
+    Phantom,
+    Unstorable,
+    pipelined,
+)
+from troth.store.queries import load_queries
+from troth.store.writes import Writes
+
+Q: Final = load_queries("troth.store.postgres")
+CODEC: Final = RowCodec()
+
+
+def refuse_nul(writes: Writes) -> None:
+    """Raise before anything is sent if a value PostgreSQL text cannot hold is written.
+
+    Only text the server stores or parses as such counts: ids, states, tag keys and
+    values (searched through ``jsonb``), addresses, keys.  Other JSON columns are
+    msgspec text, where U+0000 is escaped.
+    """
+    texts: list[str] = []
+    for p in writes.promises.values():
+        texts += (p.id, p.state, *p.tags, *p.tags.values())
+    for t in writes.tasks.values():
+        texts += (t.id, t.state, t.pid or "")
+    for id, s in writes.schedules.items():
+        texts.append(id)
+        if s is not None:
+            texts += (s.cron, s.promise_id, *s.promise_tags, *s.promise_tags.values())
+    for key, entry in writes.messages.items():
+        texts += (key, entry.address)
+        if isinstance(entry.message, Execute):
+            texts.append(entry.message.task_id)
+    for text in texts:
+        if NUL in text:
+            raise Unstorable(f"PostgreSQL text cannot hold U+0000: refusing to store {text!r}")
+
+
+# The numeric columns of a promise and a task row (codec order): the coalesced writes
+# send them as exact text, cast to NUMERIC by the statement (queries.sql).
+_NUMERIC_P: Final = frozenset({5, 6, 7})
+_NUMERIC_T: Final = frozenset({2, 3, 5, 6})
+
+
+def _columns(rows: Sequence[tuple[Any, ...]], numeric: frozenset[int]) -> list[list[Any]]:
+    """Rows to parallel column arrays (numbers as exact text)."""
+    cols: list[list[Any]] = [list(c) for c in zip(*rows, strict=True)]
+    for i in numeric:
+        cols[i] = [None if v is None else str(v) for v in cols[i]]
+    return cols
+
+
+def _message_row(key: str, entry: OutboxEntry, now: int) -> tuple[Any, ...]:
+    """The codec's message row plus its parsed ``poll://`` destination (claims route
+    on it: ``claim_routed``)."""
+    return CODEC.message_row(key, entry, now) + CODEC.destination(entry.address)
+
+
+def _messages_statement(rows: Sequence[tuple[Any, ...]]) -> tuple[str, list[list[Any]]]:
+    """One ``upsert_messages`` for message rows in emission order (all text arrays)."""
+    columns = [[None if v is None else str(v) for v in c] for c in zip(*rows, strict=True)]
+    return Q["upsert_messages"], columns
+
+
+#: The tables whose rows a batch locks, in the order a re-run locks them.
+TABLES: Final = ("promises", "tasks", "schedules")
+Touched = dict[str, set[str]]
+# ORDER BY before FOR UPDATE: rows are locked in sorted id order.
+_PRELOCK: Final = {table: Q[f"prelock_{table}"] for table in TABLES}
+
+
+def _scan_sql(
+    table: str, columns: str, states: bool, tags_column: str | None, tags: bool, after: bool
+) -> str:
+    where: list[str] = []
+    if after:
+        where.append("id > %(after)s")
+    if states:
+        where.append("state = ANY(%(states)s)")
+    if tags_column is not None and tags:
+        # jsonb containment of a flat string map is "every pair is present"; any key
+        # works (quotes, dots, colons), as with SQLite's json_each.
+        where.append(f"{tags_column}::jsonb @> %(tags)s::jsonb")
+    clause = f" WHERE {' AND '.join(where)}" if where else ""
+    return f"SELECT {columns} FROM {table}{clause} ORDER BY id LIMIT %(limit)s"
+
+
+@functools.cache
+def _scan(table: str, states: bool, tags: bool, after: bool) -> str:
+    if table == "promises":
+        return _scan_sql(table, PROMISE_COLS, states, "tags", tags, after)
+    if table == "tasks":
+        return _scan_sql(table, TASK_COLS, states, None, False, after)
+    return _scan_sql(table, SCHEDULE_COLS, False, "promise_tags", tags, after)
+
+
+def _after(after: str | None) -> str | None:
+    """``id > after`` for stored ids, which never contain U+0000.
+
+    For such an id, ``id > a + NUL + rest`` holds exactly when ``id > a``, so the
+    cursor is cut at its first NUL (PostgreSQL cannot even receive one).
+    """
+    return None if after is None else after.split(NUL, 1)[0]
+
+
+def _tags_filter(tags: Tags) -> str | None:
+    """The jsonb filter text, or None when no stored row can match (a NUL in it)."""
+    if any(NUL in k or NUL in v for k, v in tags.items()):
+        return None
+    return json_text(tags)
+
+
+class PostgresBackend(Backend):
+    """Reads and writes of one transaction; :meth:`PostgresStore.begin` makes a new one.
+
+    ``seen_*`` maps every id a point read looked up to whether it was there (and
+    is now locked).  ``False`` is a promise this transaction relies on: the row
+    must not appear (see the module docstring).
+    """
+
+    def __init__(self, cur: Cur, *, defer: bool = False) -> None:
+        self.cur = cur
+        self.seen_promises: dict[str, bool] = {}
+        self.seen_tasks: dict[str, bool] = {}
+        self.seen_schedules: dict[str, bool] = {}
+        #: Every id this transaction looked up or wrote, per table, found or not: what
+        #: a re-run locks up front (including the row a failed statement waited for).
+        self.touched: Touched = {table: set() for table in TABLES}
+        #: Rows this transaction holds locked, as it last read or wrote them (None:
+        #: absent).  A read served from here costs no round trip; the lock makes it
+        #: as current as a fresh SELECT would be.
+        self.promises: dict[str, Promise | None] = {}
+        self.tasks: dict[str, Task | None] = {}
+        #: With ``defer``, writes wait here and go out in one pipeline before the next
+        #: statement that must see them (a read the cache cannot answer, a scan) or at
+        #: COMMIT: a batch of jobs costs a few round trips instead of several per job.
+        self.defer = defer
+        #: Deferred writes, coalesced: the last row written per id (and whether its
+        #: first write in the batch was an INSERT), schedule statements in order,
+        #: the last message per key in emission order.
+        self.pending_promises: dict[str, tuple[tuple[Any, ...], bool]] = {}
+        self.pending_tasks: dict[str, tuple[tuple[Any, ...], bool]] = {}
+        self.pending_schedules: list[tuple[str, Any]] = []
+        self.pending_messages: dict[str, tuple[Any, ...]] = {}
+
+    @staticmethod
+    def _seen(seen: dict[str, bool], kind: str, id: str, found: bool) -> None:
+        if found and seen.get(id) is False:
+            raise Phantom(f"{kind} {id!r} appeared after this transaction read it as absent")
+        seen[id] = found
+
+    # -- reads ------------------------------------------------------------------------
+
+    def flush(self) -> None:
+        """Send the deferred writes (one round trip).
+
+        A failure that a re-run cannot cure cannot be pinned on the job whose write
+        caused it (they were sent together): :class:`FlushFailed` asks the store to
+        run the batch again writing job by job.
+        """
+        statements = self._pending_statements()
+        if statements:
+            try:
+                if len(statements) == 1:
+                    self.cur.execute(*statements[0])
+                else:
+                    pipelined(self.cur, statements)
+            except psycopg.Error as exc:
+                conn = self.cur.connection
+                if exc.sqlstate in RETRY_SQLSTATES or conn.closed or conn.broken:
+                    raise
+                raise FlushFailed() from exc
+
+    def _pending_statements(self) -> list[tuple[str, Any]]:
+        statements: list[tuple[str, Any]] = []
+        for pending, insert, upsert, numeric in (
+            (self.pending_promises, Q["insert_promises"], Q["upsert_promises"], _NUMERIC_P),
+            (self.pending_tasks, Q["insert_tasks"], Q["upsert_tasks"], _NUMERIC_T),
+        ):
+            for sql, new in ((insert, True), (upsert, False)):
+                rows = [row for id, (row, fresh) in sorted(pending.items()) if fresh is new]
+                if rows:
+                    statements.append((sql, _columns(rows, numeric)))
+            pending.clear()
+        statements += self.pending_schedules
+        self.pending_schedules = []
+        if self.pending_messages:
+            statements.append(_messages_statement(list(self.pending_messages.values())))
+            self.pending_messages = {}
+        return statements
+
+    def prefetch(self, ids: Touched) -> None:
+        """Lock and read, in one round trip, the rows of ``ids``: the ids the batch's
+        requests name (first attempt) or every row earlier attempts touched (a re-run).
+        Later point reads of them are served from memory (schedules are only locked).
+
+        Table by table in sorted id order, waiting as long as it takes: every batch
+        takes these locks in the same global order, so no cycle can form among them.
+        Rows the batch reaches beyond this set are locked as the machine reads them,
+        under the usual ``lock_timeout``; a cycle through one of those ends when that
+        wait times out, and the next attempt locks a larger set up front.
+        """
+        self.flush()
+        conn = self.cur.connection
+        reads: dict[str, Cur] = {}
+        try:
+            # One cursor per result: in a pipeline, results are read after the sync.
+            # The tables' statistics lag behind fast growth (autovacuum analyses them
+            # later), and with stale ones the planner scans the whole table for an
+            # id list; these are primary-key lookups, so the index is always right.
+            with conn.pipeline():
+                self.cur.execute("SET LOCAL lock_timeout = 0")
+                self.cur.execute("SET LOCAL enable_seqscan = off")
+                for table in TABLES:
+                    if ids[table]:
+                        reads[table] = conn.cursor()
+                        reads[table].execute(_PRELOCK[table], (sorted(ids[table]),))
+                self.cur.execute("SET LOCAL enable_seqscan = on")
+                self.cur.execute(f"SET LOCAL lock_timeout = {self.lock_timeout_ms}")
+            found = {table: c.fetchall() for table, c in reads.items()}
+        finally:
+            for c in reads.values():
+                c.close()
+        for table in TABLES:
+            self.touched[table] |= ids[table]
+        promises = {r[0]: CODEC.promise(r) for r in found.get("promises", ())}
+        for id in ids["promises"]:
+            p = promises.get(id)
+            self._seen(self.seen_promises, "promise", id, p is not None)
+            self.promises[id] = p
+        tasks = {r[0]: CODEC.task(r) for r in found.get("tasks", ())}
+        for id in ids["tasks"]:
+            t = tasks.get(id)
+            self._seen(self.seen_tasks, "task", id, t is not None)
+            self.tasks[id] = t
+
+    #: Set by the store: the session's lock_timeout, restored after a prefetch.
+    lock_timeout_ms = 50
+
+    def get_promise(self, id: str) -> Promise | None:
+        if NUL in id:
+            return None
+        if id in self.promises:
+            return self.promises[id]
+        self.flush()
+        self.touched["promises"].add(id)
+        r = self.cur.execute(Q["get_promise"], (id,)).fetchone()
+        self._seen(self.seen_promises, "promise", id, r is not None)
+        p = None if r is None else CODEC.promise(r)
+        self.promises[id] = p
+        return p
+
+    def get_task(self, id: str) -> Task | None:
+        if NUL in id:
+            return None
+        if id in self.tasks:
+            return self.tasks[id]
+        self.flush()
+        self.touched["promises"].add(id)
+        self.touched["tasks"].add(id)
+        r = self.cur.execute(Q["get_task"], {"id": id}).fetchone()
+        self._seen(self.seen_tasks, "task", id, r is not None)
+        t = None if r is None else CODEC.task(r)
+        self.tasks[id] = t
+        return t
+
+    def get_schedule(self, id: str) -> Schedule | None:
+        if NUL in id:
+            return None
+        self.flush()
+        self.touched["schedules"].add(id)
+        r = self.cur.execute(Q["get_schedule"], (id,)).fetchone()
+        self._seen(self.seen_schedules, "schedule", id, r is not None)
+        return None if r is None else CODEC.schedule(r)
+
+    def _scan_rows(
+        self,
+        table: str,
+        states: Collection[str] | None,
+        tags: Tags,
+        after: str | None,
+        limit: int,
+    ) -> list[tuple[Any, ...]] | None:
+        """Rows of one scan; None when no stored row can match the filter."""
+        self.flush()
+        params: dict[str, Any] = {"limit": limit, "after": _after(after)}
+        if states is not None:
+            params["states"] = [s for s in states if NUL not in s]
+            if not params["states"]:
+                return None
+        if tags:
+            params["tags"] = _tags_filter(tags)
+            if params["tags"] is None:
+                return None
+        sql = _scan(table, states is not None, bool(tags), after is not None)
+        return self.cur.execute(sql, params).fetchall()
+
+    def scan_promises(
+        self, states: Collection[str] | None, tags: Tags, after: str | None, limit: int
+    ) -> list[Promise]:
+        found = self._scan_rows("promises", states, tags, after, limit)
+        return [] if found is None else [CODEC.promise(r) for r in found]
+
+    def scan_tasks(
+        self, states: Collection[str] | None, after: str | None, limit: int
+    ) -> list[Task]:
+        found = self._scan_rows("tasks", states, {}, after, limit)
+        return [] if found is None else [CODEC.task(r) for r in found]
+
+    def scan_schedules(self, tags: Tags, after: str | None, limit: int) -> list[Schedule]:
+        found = self._scan_rows("schedules", None, tags, after, limit)
+        return [] if found is None else [CODEC.schedule(r) for r in found]
+
+    def promises_in_branch(self, branch: str, limit: int) -> list[Promise]:
+        if not branch or NUL in branch:
+            return []  # the empty branch is never indexed (memory.py: ``if branch:``)
+        self.flush()
+        return [
+            CODEC.promise(r) for r in self.cur.execute(Q["promises_in_branch"], (branch, limit))
+        ]
+
+    # -- deadlines (SKIP LOCKED: another node is already firing those) -----------------
+
+    def _ids(self, sql: str, params: Any) -> list[str]:
+        self.flush()
+        return [r[0] for r in self.cur.execute(sql, params)]
+
+    def due_promises(self, now: int, limit: int) -> list[str]:
+        """Due ids; the rows come along (locked) and serve the timer's next reads."""
+        self.flush()
+        found = [CODEC.promise(r) for r in self.cur.execute(Q["due_promises"], (now, limit))]
+        for p in found:
+            self.touched["promises"].add(p.id)
+            self._seen(self.seen_promises, "promise", p.id, True)
+            self.promises.setdefault(p.id, p)
+        return [p.id for p in found]
+
+    def due_tasks(self, now: int, limit: int) -> list[str]:
+        """As :meth:`due_promises`; the task's promise is locked when it is read."""
+        self.flush()
+        params = {"now": now, "limit": limit}
+        found = [CODEC.task(r) for r in self.cur.execute(Q["due_tasks"], params)]
+        for t in found:
+            self.touched["tasks"].add(t.id)
+            self._seen(self.seen_tasks, "task", t.id, True)
+            self.tasks.setdefault(t.id, t)
+        return [t.id for t in found]
+
+    def due_schedules(self, now: int, limit: int) -> list[str]:
+        return self._ids(Q["due_schedules"], (now, limit))
+
+    def undrained_promises(self, limit: int) -> list[str]:
+        return self._ids(Q["undrained_promises"], (limit,))
+
+    def next_deadline(self) -> int | None:
+        self.flush()
+        row = self.cur.execute(Q["next_deadline"]).fetchone()
+        assert row is not None
+        undrained, *armed = row
+        candidates: list[int] = [d for d in armed if d is not None]
+        if undrained:
+            candidates.append(0)
+        return min(candidates) if candidates else None
+
+    # -- writes -------------------------------------------------------------------------
+
+    def apply(self, writes: Writes, now: int) -> None:
+        """Write one job's effects, all statements in one round trip.
+
+        A row this transaction read as absent is INSERTed (a unique violation means
+        another node created it: the batch re-runs); any other row is upserted.
+        """
+        refuse_nul(writes)
+        self.touched["promises"].update(writes.promises)
+        self.touched["tasks"].update(writes.tasks)
+        self.touched["schedules"].update(writes.schedules)
+        seen_p, seen_t, seen_s = self.seen_promises, self.seen_tasks, self.seen_schedules
+        if self.defer:
+            self._defer(writes, now)
+        else:
+            statements: list[tuple[str, Any]] = []
+            for id in sorted(writes.promises):
+                sql = Q["insert_promise"] if seen_p.get(id) is False else Q["upsert_promise"]
+                statements.append((sql, CODEC.promise_row(writes.promises[id])))
+            for id in sorted(writes.tasks):
+                sql = Q["insert_task"] if seen_t.get(id) is False else Q["upsert_task"]
+                statements.append((sql, CODEC.task_row(writes.tasks[id])))
+            statements += self._schedule_statements(writes)
+            if writes.messages:
+                rows = [_message_row(key, e, now) for key, e in writes.messages.items()]
+                statements.append(_messages_statement(rows))
+            if len(statements) == 1:
+                self.cur.execute(*statements[0])
+            else:
+                pipelined(self.cur, statements)
+        # Only now (nothing failed, or deferred) do the written rows count as this
+        # transaction's, and later reads see them as written.
+        for id, p in writes.promises.items():
+            seen_p[id] = True
+            self.promises[id] = p
+        for id, t in writes.tasks.items():
+            seen_t[id] = True
+            self.tasks[id] = t
+        for id, s in writes.schedules.items():
+            seen_s[id] = s is not None
+
+    def _schedule_statements(self, writes: Writes) -> list[tuple[str, Any]]:
+        """One statement per schedule written (schedules are rare: never coalesced)."""
+        statements: list[tuple[str, Any]] = []
+        for id in sorted(writes.schedules):
+            s = writes.schedules[id]
+            if s is None:
+                statements.append((Q["delete_schedule"], (id,)))
+            else:
+                sql = (
+                    Q["insert_schedule"]
+                    if self.seen_schedules.get(id) is False
+                    else Q["upsert_schedule"]
+                )
+                statements.append((sql, CODEC.schedule_row(s)))
+        return statements
+
+    def _defer(self, writes: Writes, now: int) -> None:
+        """Queue one job's writes, coalesced with the batch's earlier ones."""
+        for id, p in writes.promises.items():
+            earlier = self.pending_promises.get(id)
+            insert = earlier[1] if earlier else self.seen_promises.get(id) is False
+            self.pending_promises[id] = (CODEC.promise_row(p), insert)
+        for id, t in writes.tasks.items():
+            earlier = self.pending_tasks.get(id)
+            insert = earlier[1] if earlier else self.seen_tasks.get(id) is False
+            self.pending_tasks[id] = (CODEC.task_row(t), insert)
+        self.pending_schedules += self._schedule_statements(writes)
+        for key, entry in writes.messages.items():
+            self.pending_messages.pop(key, None)  # a newer message goes to the back
+            self.pending_messages[key] = _message_row(key, entry, now)
+
+    # -- whole-store reads -----------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        """Everything, in memory.py's ``snapshot()`` format (built from the same Structs)."""
+        self.flush()
+        return CODEC.snapshot(lambda sql: self.cur.execute(sql).fetchall())

@@ -1,0 +1,136 @@
+"""The PostgreSQL outbox lifecycle: its own connection, routed claims, NOTIFY.
+
+The rules are ``store/outbox.py``'s; this module supplies the table, a session of
+its own with ``synchronous_commit = off``, the claim routing of several nodes, and
+the wake-ups between nodes (``docs/architecture.md``, "Several nodes").
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final, TypeVar
+
+from troth.outbox.rows import OutboxRow, RowState, Settlement
+from troth.store.outbox import OutboxStore, OutboxTable, SqlOutboxTable
+from troth.store.postgres.backend import CODEC, Q
+from troth.store.postgres.session import Cur, Session
+
+if TYPE_CHECKING:
+    from troth.store.postgres.store import PostgresStore
+
+T = TypeVar("T")
+
+#: The channel of ``PostgresOutbox.notify``; its payload is
+#: ``"{node} {messages} {deadline|-}"`` (``server/cluster.py``).
+CHANNEL: Final = "troth"
+
+
+@dataclass(frozen=True)
+class Routing:
+    """How a node of several claims poll:// rows (set by ``server/cluster.py``).
+
+    ``reach`` answers, from any thread, the groups and ``group/id`` pairs this node
+    holds SSE connections for right now; ``timeout_ms`` is how old another node's
+    heartbeat may be before its connections stop counting.
+    """
+
+    node: str
+    timeout_ms: int
+    reach: Callable[[], tuple[Sequence[str], Sequence[str]]]
+
+
+class OutboxSession(Session):
+    """The outbox lifecycle's own connection, with ``synchronous_commit = off``.
+
+    Claims and settlements are the dispatcher's bookkeeping, not anything a client
+    was told: losing the last few to a database crash is safe.  A lost claim leaves
+    the row pending (it is sent again: delivery is at least once, and every message
+    tolerates a duplicate); a lost settlement leaves it claimed, and the reaper
+    makes it outcome_unknown for reconciliation.  So they need not wait for a WAL
+    flush, and they do not queue behind the writer's request batches.
+    """
+
+    application_name = "troth-outbox"
+    settings = ("SET synchronous_commit = off",)
+
+
+class PostgresOutbox(OutboxStore):
+    """The outbox-row lifecycle (``outbox.rows.OutboxLifecycle``) over the outbox table.
+
+    Row for row what memory.py's ``MemoryOutbox`` does, each call one transaction
+    (re-run on conflicts) on a connection of its own (:class:`OutboxSession`, opened
+    on first use), so it may run on another thread than the writer's, at the same
+    time (:attr:`independent`).  Claims take ``FOR UPDATE SKIP LOCKED``, so
+    dispatchers on several nodes split the due rows; settlements lock the row they
+    check.  With :attr:`routing` set, a node claims only what it can deliver (see
+    ``Q["claim_routed"]``).
+    """
+
+    #: Safe to call from any thread, concurrently with the store's batches.
+    independent = True
+
+    def __init__(self, store: PostgresStore) -> None:
+        self.store = store
+        self.routing: Routing | None = None
+        self._session: OutboxSession | None = None
+        self._opening = threading.Lock()
+
+    @property
+    def session(self) -> OutboxSession:
+        with self._opening:
+            if self._session is None:
+                store = self.store
+                self._session = OutboxSession(
+                    store.url, max_attempts=store.max_attempts, lock_timeout=store.lock_timeout
+                )
+            return self._session
+
+    def run(self, fn: Callable[[Cur], T]) -> T:
+        return self.session.run(fn)
+
+    def write(self, fn: Callable[[OutboxTable], T]) -> T:
+        routing = self.routing
+        return self.run(lambda cur: fn(PostgresOutboxTable(cur, routing)))
+
+    def notify(self, payload: str) -> None:
+        """``NOTIFY troth`` on the outbox connection, at once (its own transaction)."""
+        self.run(lambda cur: cur.execute(Q["notify"], (payload,)))
+
+    def close(self) -> None:
+        with self._opening:
+            if self._session is not None:
+                self._session.close()
+                self._session = None
+
+
+class PostgresOutboxTable(SqlOutboxTable):
+    """The outbox table on one transaction of the outbox session."""
+
+    def __init__(self, cur: Cur, routing: Routing | None) -> None:
+        super().__init__(cur, Q, CODEC)
+        self.routing = routing
+
+    def claim(self, worker_id: str, now: int, limit: int, token: str) -> list[OutboxRow]:
+        params: dict[str, Any] = {"now": now, "limit": limit, "token": token, "worker": worker_id}
+        sql = Q["claim"]
+        routing = self.routing
+        if routing is not None:
+            groups, pairs = routing.reach()
+            params.update(
+                node=routing.node,
+                timeout=routing.timeout_ms,
+                groups=list(groups),
+                pairs=list(pairs),
+            )
+            sql = Q["claim_routed"]
+        return [CODEC.outbox_row(r) for r in self.cur.execute(sql, params).fetchall()]
+
+    def finish_many(self, items: Sequence[Settlement]) -> set[int]:
+        values = [
+            (s.row_id, s.token, str(s.state), int(s.state == RowState.FAILED), s.code, str(s.now))
+            for s in items
+        ]
+        columns = [list(column) for column in zip(*values, strict=True)]
+        return {r[0] for r in self.cur.execute(Q["finish_many"], columns).fetchall()}

@@ -1,0 +1,278 @@
+-- The PostgreSQL store's queries, by name (loaded by troth/store/queries.py).
+-- Columns come in troth/store/codec.py's orders; instants, versions and ttls are
+-- NUMERIC (exact, unbounded).  Placeholders are psycopg's (%s, %(name)s, %b binary).
+
+-- name: get_promise
+SELECT id, state, param, value, tags, timeout_at, created_at, settled_at, callbacks,
+    listeners FROM promises WHERE id = %s FOR UPDATE
+
+-- The uncorrelated sub-select runs once, as a one-time filter before the task is
+-- scanned, so the promise is locked before the task (docs/architecture.md).
+-- name: get_task
+SELECT id, state, version, ttl, pid, expires_at, retry_at, resumes FROM tasks WHERE id =
+    %(id)s AND (SELECT count(*) FROM (SELECT 1 FROM promises WHERE id = %(id)s FOR UPDATE)
+    AS p) >= 0 FOR UPDATE OF tasks
+
+-- name: get_schedule
+SELECT id, cron, promise_id, promise_timeout, promise_param, promise_tags, created_at,
+    next_run_at, last_run_at FROM schedules WHERE id = %s FOR UPDATE
+
+-- name: insert_promise
+INSERT INTO promises (id, state, param, value, tags, timeout_at, created_at, settled_at,
+    callbacks, listeners, external, branch, undrained) VALUES (%s, %s, %s, %s, %s, %s, %s,
+    %s, %s, %s, %s, %s, %s)
+
+-- name: upsert_promise
+INSERT INTO promises (id, state, param, value, tags, timeout_at, created_at, settled_at,
+    callbacks, listeners, external, branch, undrained) VALUES (%s, %s, %s, %s, %s, %s, %s,
+    %s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO UPDATE SET state = excluded.state, param =
+    excluded.param, value = excluded.value, tags = excluded.tags, timeout_at =
+    excluded.timeout_at, created_at = excluded.created_at, settled_at = excluded.settled_at,
+    callbacks = excluded.callbacks, listeners = excluded.listeners, external =
+    excluded.external, branch = excluded.branch, undrained = excluded.undrained
+
+-- name: insert_task
+INSERT INTO tasks (id, state, version, ttl, pid, expires_at, retry_at, resumes) VALUES (%s,
+    %s, %s, %s, %s, %s, %s, %s)
+
+-- name: upsert_task
+INSERT INTO tasks (id, state, version, ttl, pid, expires_at, retry_at, resumes) VALUES (%s,
+    %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO UPDATE SET state = excluded.state,
+    version = excluded.version, ttl = excluded.ttl, pid = excluded.pid, expires_at =
+    excluded.expires_at, retry_at = excluded.retry_at, resumes = excluded.resumes
+
+-- name: insert_schedule
+INSERT INTO schedules (id, cron, promise_id, promise_timeout, promise_param, promise_tags,
+    created_at, next_run_at, last_run_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)
+
+-- name: upsert_schedule
+INSERT INTO schedules (id, cron, promise_id, promise_timeout, promise_param, promise_tags,
+    created_at, next_run_at, last_run_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) ON
+    CONFLICT (id) DO UPDATE SET cron = excluded.cron, promise_id = excluded.promise_id,
+    promise_timeout = excluded.promise_timeout, promise_param = excluded.promise_param,
+    promise_tags = excluded.promise_tags, created_at = excluded.created_at, next_run_at =
+    excluded.next_run_at, last_run_at = excluded.last_run_at
+
+-- name: delete_schedule
+DELETE FROM schedules WHERE id = %s
+
+-- Many rows per statement (a batch's deferred writes, coalesced per id): columns
+-- arrive as parallel arrays in binary format, numbers as text (exact at any size)
+-- cast to NUMERIC.
+-- name: insert_promises
+INSERT INTO promises (id, state, param, value, tags, timeout_at, created_at, settled_at,
+    callbacks, listeners, external, branch, undrained) SELECT * FROM unnest(%b::text[],
+    %b::text[], %b::text[], %b::text[], %b::text[], %b::text[]::numeric[],
+    %b::text[]::numeric[], %b::text[]::numeric[], %b::text[], %b::text[], %b::bool[],
+    %b::text[], %b::bool[])
+
+-- name: upsert_promises
+INSERT INTO promises (id, state, param, value, tags, timeout_at, created_at, settled_at,
+    callbacks, listeners, external, branch, undrained) SELECT * FROM unnest(%b::text[],
+    %b::text[], %b::text[], %b::text[], %b::text[], %b::text[]::numeric[],
+    %b::text[]::numeric[], %b::text[]::numeric[], %b::text[], %b::text[], %b::bool[],
+    %b::text[], %b::bool[]) ON CONFLICT (id) DO UPDATE SET state = excluded.state, param =
+    excluded.param, value = excluded.value, tags = excluded.tags, timeout_at =
+    excluded.timeout_at, created_at = excluded.created_at, settled_at = excluded.settled_at,
+    callbacks = excluded.callbacks, listeners = excluded.listeners, external =
+    excluded.external, branch = excluded.branch, undrained = excluded.undrained
+
+-- name: insert_tasks
+INSERT INTO tasks (id, state, version, ttl, pid, expires_at, retry_at, resumes) SELECT *
+    FROM unnest(%b::text[], %b::text[], %b::text[]::numeric[], %b::text[]::numeric[],
+    %b::text[], %b::text[]::numeric[], %b::text[]::numeric[], %b::text[])
+
+-- name: upsert_tasks
+INSERT INTO tasks (id, state, version, ttl, pid, expires_at, retry_at, resumes) SELECT *
+    FROM unnest(%b::text[], %b::text[], %b::text[]::numeric[], %b::text[]::numeric[],
+    %b::text[], %b::text[]::numeric[], %b::text[]::numeric[], %b::text[]) ON CONFLICT (id)
+    DO UPDATE SET state = excluded.state, version = excluded.version, ttl = excluded.ttl,
+    pid = excluded.pid, expires_at = excluded.expires_at, retry_at = excluded.retry_at,
+    resumes = excluded.resumes
+
+-- The keyed upsert of the *pending* row: a new message replaces it as a fresh row
+-- (a new id from the sequence, so it goes to the back of the queue; every lifecycle
+-- column reset).  Rows of the key in other states are not the arbiter's, so a
+-- claimed row is never touched.
+-- In emission order (WITH ORDINALITY): row ids decide delivery order.
+-- name: upsert_messages
+INSERT INTO outbox (key, address, kind, task_id, version, promise, created_at, state,
+    attempts, available_at, updated_at, dest_cast, dest_group, dest_id) SELECT m.key,
+    m.address, m.kind, m.task_id, m.version::numeric, m.promise, m.now::numeric, 'pending',
+    0, m.now::numeric, m.now::numeric, m.cast_, m.grp, m.dest FROM unnest(%b::text[],
+    %b::text[], %b::text[], %b::text[], %b::text[], %b::text[], %b::text[], %b::text[],
+    %b::text[], %b::text[]) WITH ORDINALITY AS m(key, address, kind, task_id, version,
+    promise, now, cast_, grp, dest, ord) ORDER BY m.ord ON CONFLICT (key) WHERE state =
+    'pending' DO UPDATE SET id = excluded.id, address = excluded.address, kind =
+    excluded.kind, task_id = excluded.task_id, dest_cast = excluded.dest_cast, dest_group =
+    excluded.dest_group, dest_id = excluded.dest_id, version = excluded.version, promise =
+    excluded.promise, created_at = excluded.created_at, attempts = 0, available_at =
+    excluded.available_at, claim_token = NULL, claimed_by = NULL, claimed_at = NULL,
+    last_code = NULL, updated_at = excluded.updated_at
+
+-- name: promises_in_branch
+SELECT id, state, param, value, tags, timeout_at, created_at, settled_at, callbacks,
+    listeners FROM promises WHERE branch = %s ORDER BY id LIMIT %s
+
+-- name: due_promises
+SELECT id, state, param, value, tags, timeout_at, created_at, settled_at, callbacks,
+    listeners FROM promises WHERE state = 'pending' AND external AND timeout_at <= %s ORDER
+    BY timeout_at, id LIMIT %s FOR UPDATE SKIP LOCKED
+
+-- A task is either pending or acquired, so its one live deadline is a CASE; one
+-- query (not SQLite's UNION ALL, which cannot take FOR UPDATE) keeps the LIMIT exact.
+-- name: due_tasks
+SELECT id, state, version, ttl, pid, expires_at, retry_at, resumes FROM tasks WHERE (state =
+    'pending' AND retry_at <= %(now)s) OR (state = 'acquired' AND expires_at <= %(now)s)
+    ORDER BY CASE WHEN state = 'pending' THEN retry_at ELSE expires_at END, id LIMIT
+    %(limit)s FOR UPDATE SKIP LOCKED
+
+-- name: due_schedules
+SELECT id FROM schedules WHERE next_run_at <= %s ORDER BY next_run_at, id LIMIT %s FOR
+    UPDATE SKIP LOCKED
+
+-- name: undrained_promises
+SELECT id FROM promises WHERE undrained ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED
+
+-- name: next_deadline
+SELECT EXISTS (SELECT 1 FROM promises WHERE undrained), (SELECT min(timeout_at) FROM
+    promises WHERE state = 'pending' AND external), (SELECT min(retry_at) FROM tasks WHERE
+    state = 'pending'), (SELECT min(expires_at) FROM tasks WHERE state = 'acquired'),
+    (SELECT min(next_run_at) FROM schedules)
+
+-- MATERIALIZED: the locked id list is computed once, so the UPDATE can never see
+-- more rows than the LIMIT took (an inlined IN-subquery may be re-scanned).
+-- name: claim
+WITH due AS MATERIALIZED (SELECT id FROM outbox WHERE state = 'pending' AND available_at <=
+    %(now)s ORDER BY available_at, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED) UPDATE outbox
+    AS o SET state = 'dispatching', claim_token = %(token)s, claimed_by = %(worker)s,
+    claimed_at = %(now)s, updated_at = %(now)s FROM due WHERE o.id = due.id RETURNING o.id,
+    o.address, o.kind, o.task_id, o.version, o.promise, o.created_at, o.state, o.attempts,
+    o.available_at, o.claim_token, o.claimed_by, o.claimed_at, o.last_code, o.updated_at
+
+-- The claim of one node among several (server/cluster.py): besides http(s) rows,
+-- the poll:// rows it can deliver itself, and those no live node can (tried, found
+-- undeliverable and backed off, as on one node).  `others` is what the other live
+-- nodes hold, by the database's clock.  Anycast with a preferred id goes first to
+-- the node holding that id, else to any node holding the group.
+-- name: claim_routed
+WITH others AS MATERIALIZED (SELECT c.grp, c.pid FROM connections AS c JOIN nodes AS n ON
+    n.node = c.node WHERE c.node <> %(node)s AND n.seen_at >= extract(epoch FROM
+    clock_timestamp()) * 1000 - %(timeout)s), due AS MATERIALIZED (SELECT o.id FROM outbox
+    AS o WHERE o.state = 'pending' AND o.available_at <= %(now)s AND ( o.dest_group IS NULL
+    OR (o.dest_id IS NOT NULL AND o.dest_group || '/' || o.dest_id = ANY(%(pairs)b)) OR
+    (o.dest_cast = 'uni' AND NOT EXISTS (SELECT 1 FROM others AS x WHERE x.grp =
+    o.dest_group AND x.pid = o.dest_id)) OR (o.dest_cast = 'any' AND NOT EXISTS (SELECT 1
+    FROM others AS x WHERE x.grp = o.dest_group AND x.pid = o.dest_id) AND (o.dest_group =
+    ANY(%(groups)b) OR NOT EXISTS (SELECT 1 FROM others AS x WHERE x.grp = o.dest_group))))
+    ORDER BY o.available_at, o.id LIMIT %(limit)s FOR UPDATE OF o SKIP LOCKED) UPDATE outbox
+    AS o SET state = 'dispatching', claim_token = %(token)s, claimed_by = %(worker)s,
+    claimed_at = %(now)s, updated_at = %(now)s FROM due WHERE o.id = due.id RETURNING o.id,
+    o.address, o.kind, o.task_id, o.version, o.promise, o.created_at, o.state, o.attempts,
+    o.available_at, o.claim_token, o.claimed_by, o.claimed_at, o.last_code, o.updated_at
+
+-- FOR UPDATE: a concurrent reaper or settlement must not slip between the check and
+-- the update (READ COMMITTED re-checks the WHERE on the row it finally locks).
+-- name: held
+SELECT key, attempts FROM outbox WHERE id = %s AND state = 'dispatching' AND claim_token =
+    %s FOR UPDATE
+
+-- name: in_state
+SELECT key, attempts FROM outbox WHERE id = %s AND state = %s FOR UPDATE
+
+-- name: has_pending
+SELECT 1 FROM outbox WHERE key = %s AND state = 'pending'
+
+-- name: finish
+UPDATE outbox SET state = %s, attempts = %s, claim_token = NULL, last_code = %s, updated_at
+    = %s WHERE id = %s
+
+-- held then finish for many distinct rows at once; a failure counts an attempt.
+-- name: finish_many
+UPDATE outbox AS o SET state = v.state, attempts = o.attempts + v.failed, claim_token =
+    NULL, last_code = v.code, updated_at = v.now::numeric FROM unnest(%b::bigint[],
+    %b::text[], %b::text[], %b::int[], %b::text[], %b::text[]) AS v(id, token, state,
+    failed, code, now) WHERE o.id = v.id AND o.state = 'dispatching' AND o.claim_token =
+    v.token RETURNING o.id
+
+-- If a request inserts a newer pending row of the key between has_pending and this
+-- update, the partial unique index refuses it (23505) and the transaction re-runs,
+-- finding that row this time.
+-- name: requeue
+UPDATE outbox SET state = 'pending', attempts = %s, claim_token = NULL, last_code = %s,
+    updated_at = %s, available_at = %s WHERE id = %s
+
+-- name: unknown_rows
+SELECT id, address, kind, task_id, version, promise, created_at, state, attempts,
+    available_at, claim_token, claimed_by, claimed_at, last_code, updated_at FROM outbox
+    WHERE state = 'outcome_unknown' ORDER BY id LIMIT %s
+
+-- name: release_expired
+UPDATE outbox SET state = 'outcome_unknown', claim_token = NULL, last_code = %s, updated_at
+    = %s WHERE state = 'dispatching' AND coalesce(claimed_at, 0) < %s
+
+-- name: purge_completed
+DELETE FROM outbox WHERE state = 'completed' AND updated_at < %s
+
+-- name: next_due
+SELECT min(available_at) FROM outbox WHERE state = 'pending'
+
+-- At COMMIT a notifying transaction takes one database-wide lock, held by other
+-- notifying commits through their flush: waiting for it is no deadlock risk, so the
+-- short lock_timeout is lifted for it.  Payload: "{node} {messages} {deadline|-}".
+-- name: notify
+SELECT set_config('lock_timeout', '0', true), pg_notify('troth', %s)
+
+-- DELETE under an exclusive lock rather than TRUNCATE: the same for a debug reset,
+-- ~2 ms instead of ~45 ms (TRUNCATE makes new files for every table and index).
+-- name: reset
+LOCK TABLE promises, tasks, schedules, outbox IN ACCESS EXCLUSIVE MODE; DELETE FROM outbox;
+    DELETE FROM tasks; DELETE FROM promises; DELETE FROM schedules; ALTER TABLE outbox ALTER
+    COLUMN id RESTART
+
+-- A batch's prefetch: ORDER BY before FOR UPDATE, so rows lock in sorted id order.
+-- name: prelock_promises
+SELECT id, state, param, value, tags, timeout_at, created_at, settled_at, callbacks,
+    listeners FROM promises WHERE id = ANY(%b) ORDER BY id FOR UPDATE
+
+-- name: prelock_tasks
+SELECT id, state, version, ttl, pid, expires_at, retry_at, resumes FROM tasks WHERE id =
+    ANY(%b) ORDER BY id FOR UPDATE
+
+-- name: prelock_schedules
+SELECT id FROM schedules WHERE id = ANY(%b) ORDER BY id FOR UPDATE
+
+-- Membership of several nodes (server/cluster.py), on the database's clock.
+-- name: node_register
+INSERT INTO nodes (node, url, started_at, seen_at)
+    VALUES (%s, %s, extract(epoch FROM clock_timestamp()) * 1000,
+            extract(epoch FROM clock_timestamp()) * 1000)
+    ON CONFLICT (node) DO UPDATE SET url = excluded.url, seen_at = excluded.seen_at
+
+-- name: node_heartbeat
+UPDATE nodes SET seen_at = extract(epoch FROM clock_timestamp()) * 1000 WHERE node = %s
+
+-- name: node_leave
+DELETE FROM nodes WHERE node = %s
+
+-- name: connections_forget
+DELETE FROM connections WHERE node = %s
+
+-- name: connection_add
+INSERT INTO connections (node, grp, pid) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING
+
+-- name: connection_drop
+DELETE FROM connections WHERE node = %s AND grp = %s AND pid = %s
+
+-- Nodes whose heartbeat is older than %s ms, locked: one live node reaps each.
+-- name: nodes_dead
+SELECT node FROM nodes WHERE seen_at < extract(epoch FROM clock_timestamp()) * 1000 - %s
+    ORDER BY node FOR UPDATE
+
+-- A dead node's claims may have been sent: their outcome is unknown (reconciled).
+-- name: claims_of_nodes_unknown
+UPDATE outbox SET state = 'outcome_unknown', claim_token = NULL, last_code = %s,
+    updated_at = %s WHERE state = 'dispatching' AND claimed_by = ANY(%s)
+
+-- name: nodes_delete
+DELETE FROM nodes WHERE node = ANY(%s)

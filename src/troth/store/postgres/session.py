@@ -1,0 +1,210 @@
+"""A PostgreSQL connection that reconnects and re-runs transactions on conflicts.
+
+The store's writer is one :class:`Session`; its outbox lifecycle is another.  Why a
+transaction is re-run (and when it is not) is in ``docs/architecture.md``
+("PostgreSQL").
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable, Collection, Sequence
+from typing import Any, Final, TypeVar
+
+import psycopg
+from psycopg.abc import Buffer
+from psycopg.adapt import Loader
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.pq import TransactionStatus
+
+from troth.store.base import StoreUnavailable
+
+T = TypeVar("T")
+
+Conn = psycopg.Connection[tuple[Any, ...]]
+Cur = psycopg.Cursor[tuple[Any, ...]]
+
+#: Attempts of one batch (or one outbox transaction) before it fails.
+MAX_ATTEMPTS: Final = 10
+#: Ceiling of the jittered backoff between attempts, in seconds.
+MAX_BACKOFF: Final = 0.05
+#: How long a first attempt waits for a row lock before it gives up and re-runs
+#: (``lock_timeout``): a deadlock ends this fast instead of after the server's
+#: ``deadlock_timeout`` (1 s by default, and only a superuser may lower it).
+LOCK_TIMEOUT: Final = 0.05
+
+#: SQLSTATEs after which re-running the whole transaction is the answer:
+#: serialization failure, deadlock, unique violation (a row this batch read as
+#: absent was created by someone else), lock not available (a ``lock_timeout``).
+RETRY_SQLSTATES: Final = frozenset({"40001", "40P01", "23505", "55P03"})
+
+NUL: Final = "\x00"
+
+
+def has_nul(texts: Collection[str]) -> bool:
+    return any(NUL in t for t in texts)
+
+
+class StoreBusy(StoreUnavailable):
+    """A batch lost every attempt to concurrent transactions (the jobs get 500)."""
+
+
+class Phantom(Exception):
+    """A row this transaction read as absent exists now: its view is stale."""
+
+
+class FlushFailed(Exception):
+    """Deferred writes failed for a reason a re-run cannot cure (the store then runs
+    the batch again writing job by job, to find the failing job)."""
+
+
+class Unstorable(ValueError):
+    """A value PostgreSQL cannot store; raised before any statement of the job is sent."""
+
+
+class IntLoader(Loader):
+    """NUMERIC columns hold integers only; load them as ``int``, not ``Decimal``."""
+
+    def load(self, data: Buffer) -> int:
+        return int(bytes(data))
+
+
+def pipelined(cur: Cur, statements: Sequence[tuple[str, Any]]) -> None:
+    """Execute in one round trip; raise the first statement error, as is.
+
+    psycopg may report a failed statement while later ones are still being queued;
+    raised inside the ``pipeline()`` block, that makes its exit log a warning
+    (``error ignored terminating``) on a path that is routine here (a conflict that
+    re-runs the batch).  So the error is held until the pipeline is closed.
+    """
+    first: psycopg.Error | None = None
+    try:
+        with cur.connection.pipeline():
+            try:
+                for sql, params in statements:
+                    cur.execute(sql, params)
+            except psycopg.Error as exc:
+                first = exc
+    except psycopg.Error as exc:
+        first = first or exc
+    if first is not None:
+        raise first
+
+
+class Session:
+    """One PostgreSQL connection, used by one thread at a time (under :attr:`lock`).
+
+    It reconnects when the connection was lost (nothing of an unfinished transaction
+    was acknowledged), and :meth:`run` re-runs a transaction that met a conflict.
+    The store is one session (the writer's); its outbox lifecycle is another.
+    """
+
+    application_name = "troth"
+    #: Session settings sent after connecting (``SET …``).
+    settings: tuple[str, ...] = ()
+
+    def __init__(self, url: str, *, max_attempts: int, lock_timeout: float) -> None:
+        if max_attempts < 1:
+            raise ValueError("max_attempts must be >= 1")
+        if lock_timeout <= 0:
+            raise ValueError("lock_timeout must be > 0 (seconds)")
+        self.url = url
+        self.max_attempts = max_attempts
+        self.lock_timeout = lock_timeout
+        self.lock = threading.Lock()
+        #: Transactions re-run after a conflict.
+        self.retries = 0
+        self.conn = self._connect()
+        self.cur: Cur = self.conn.cursor()
+
+    def _connect(self) -> Conn:
+        params = conninfo_to_dict(self.url)
+        params.setdefault("connect_timeout", 10)
+        params.setdefault("application_name", self.application_name)
+        conn = psycopg.connect(make_conninfo("", **params), autocommit=False)
+        try:
+            conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
+            conn.adapters.register_loader("numeric", IntLoader)
+            # A session setting (it outlives the transaction that SET it).
+            conn.execute(f"SET lock_timeout = {round(self.lock_timeout * 1000)}")
+            for setting in self.settings:
+                conn.execute(setting)
+            conn.commit()
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _fresh(self) -> None:
+        """Ready for a new transaction: reconnect if the connection was lost, roll
+        back whatever an interrupted caller left open."""
+        if self.conn.closed or self.conn.broken:
+            self._reconnect()
+        elif self.conn.info.transaction_status != TransactionStatus.IDLE:
+            self.conn.rollback()
+
+    def _reconnect(self) -> None:
+        try:
+            self.conn.close()
+        except psycopg.Error:
+            pass
+        self.conn = self._connect()
+        self.cur = self.conn.cursor()
+
+    def rollback(self) -> None:
+        """Best effort: never raises, so the error that caused it is what callers see."""
+        try:
+            if not self.conn.closed:
+                self.conn.rollback()
+        except psycopg.Error:
+            pass
+
+    def _transient(self, exc: BaseException) -> bool:
+        """Whether re-running the whole transaction (before COMMIT) is the answer."""
+        if isinstance(exc, Phantom):
+            return True
+        if isinstance(exc, psycopg.Error) and exc.sqlstate in RETRY_SQLSTATES:
+            return True
+        return isinstance(exc, psycopg.Error) and (self.conn.closed or self.conn.broken)
+
+    def _backoff(self, failures: int) -> None:
+        time.sleep(random.uniform(0, min(MAX_BACKOFF, 0.001 * 2**failures)))
+
+    def run(self, fn: Callable[[Cur], T], *, snapshot: bool = False) -> T:
+        """One transaction outside group commit (the outbox lifecycle, reset, snapshot),
+        re-run on conflicts like a batch; ``snapshot`` makes it one REPEATABLE READ view.
+        """
+        with self.lock:
+            try:
+                return self._run(fn, snapshot)
+            except psycopg.OperationalError as exc:
+                raise StoreUnavailable(f"postgres unreachable: {exc}") from exc
+
+    def _run(self, fn: Callable[[Cur], T], snapshot: bool) -> T:
+        failures = 0
+        while True:
+            self._fresh()
+            try:
+                if snapshot:
+                    self.cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                value = fn(self.cur)
+            except Exception as exc:
+                self.rollback()
+                failures += 1
+                if not self._transient(exc) or failures >= self.max_attempts:
+                    raise
+                self.retries += 1
+                self._backoff(failures)
+                continue
+            try:
+                self.conn.commit()
+            except BaseException:
+                self.rollback()
+                raise
+            return value
+
+    def close(self) -> None:
+        with self.lock:
+            self.conn.close()

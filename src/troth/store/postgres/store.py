@@ -1,0 +1,268 @@
+"""The PostgreSQL store: several troth nodes may share one database.
+
+It answers exactly as the memory and SQLite stores do; what it adds is correctness
+when other processes write the same rows at the same time: group commit re-run whole
+on conflicts, rows locked in a fixed order, no savepoint per job.  The reasons, and
+what is not prevented, are in ``docs/architecture.md`` ("PostgreSQL").
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+from psycopg.pq import TransactionStatus
+
+from troth.store.base import Job, Outcome, Overlay, Store, StoreUnavailable
+from troth.store.migrate import check_version, migrate
+from troth.store.postgres.backend import TABLES, PostgresBackend, Q, Touched
+from troth.store.postgres.migrate import PgSchema
+from troth.store.postgres.outbox import PostgresOutbox
+from troth.store.postgres.session import (
+    LOCK_TIMEOUT,
+    MAX_ATTEMPTS,
+    RETRY_SQLSTATES,
+    Cur,
+    FlushFailed,
+    Session,
+    StoreBusy,
+    Unstorable,
+    has_nul,
+)
+
+log = logging.getLogger("troth.store.postgres")
+
+
+class PostgresStore(Session, Store):
+    """A PostgreSQL database shared by any number of troth processes.
+
+    ``url`` is a libpq connection string or URI.  The schema is created or
+    upgraded on open (see :func:`migrate`).
+    """
+
+    name = "postgres"
+    shared = True
+    outbox: PostgresOutbox
+
+    def __init__(
+        self, url: str, *, max_attempts: int = MAX_ATTEMPTS, lock_timeout: float = LOCK_TIMEOUT
+    ) -> None:
+        Store.__init__(self)
+        Session.__init__(self, url, max_attempts=max_attempts, lock_timeout=lock_timeout)
+        #: Batches re-run after a job was set aside (``retries``: after a conflict).
+        self.reruns = 0
+        try:
+            migrate(PgSchema(self.conn))
+            self.conn.rollback()  # the version check's read transaction
+        except BaseException:
+            self.conn.close()
+            raise
+        self.backend = PostgresBackend(self.cur)
+        self.outbox = PostgresOutbox(self)
+
+    # -- transactions --------------------------------------------------------------------
+
+    def begin(self, *, defer: bool = False) -> PostgresBackend:
+        """Start a transaction (psycopg sends BEGIN with the first statement).
+
+        Reconnects first if the connection was lost: nothing of an unfinished
+        transaction was acknowledged, so starting over is safe.
+        """
+        self._fresh()
+        self.backend = PostgresBackend(self.cur, defer=defer)
+        self.backend.lock_timeout_ms = round(self.lock_timeout * 1000)
+        return self.backend
+
+    def commit(self) -> None:
+        self.conn.commit()
+
+    # Savepoints are part of the Store interface; execute() does not use them (see the
+    # module docstring), but they work for a caller that drives a transaction itself.
+
+    def savepoint(self) -> None:
+        self.cur.execute("SAVEPOINT troth_job")
+
+    def release(self) -> None:
+        self.cur.execute("RELEASE SAVEPOINT troth_job")
+
+    def rollback_to(self) -> None:
+        self.cur.execute("ROLLBACK TO SAVEPOINT troth_job")
+        self.cur.execute("RELEASE SAVEPOINT troth_job")
+
+    # -- group commit ----------------------------------------------------------------------
+
+    def execute(self, jobs: Sequence[Job[Any]]) -> list[Outcome[Any]]:
+        """Group commit as in :meth:`Store.execute`, re-run whole on conflicts.
+
+        Every attempt starts from a new transaction and fresh overlays; a job set
+        aside (its reads or writes failed for a reason a re-run cannot cure) keeps
+        its error and is skipped by later attempts.  Each such job costs one re-run,
+        which does not count against ``max_attempts``.
+        """
+        with self.lock:
+            aside: dict[int, BaseException] = {}
+            prelock: Touched | None = None
+            failures = 0
+            careful = False
+            while True:
+                try:
+                    return self._attempt(jobs, aside, prelock, careful)
+                except _Rerun:
+                    self.rollback()
+                    self.reruns += 1
+                except _Careful:
+                    self.rollback()
+                    self.reruns += 1
+                    careful = True
+                except _Retry as retry:
+                    self.rollback()
+                    touched = self.backend.touched
+                    if prelock is not None:
+                        for table in TABLES:
+                            touched[table] |= prelock[table]
+                    prelock = touched
+                    failures += 1
+                    self.retries += 1
+                    if failures >= self.max_attempts:
+                        log.warning(
+                            "batch of %d lost %d attempts: %s", len(jobs), failures, retry.__cause__
+                        )
+                        busy = StoreBusy(
+                            f"gave up after {failures} conflicting attempts: {retry.__cause__}"
+                        )
+                        busy.__cause__ = retry.__cause__
+                        return [Outcome(error=busy) for _ in jobs]
+                    log.debug("batch of %d re-runs after: %s", len(jobs), retry.__cause__)
+                    self._backoff(failures)
+                except Exception as exc:  # BEGIN or COMMIT failed: nothing to re-run safely
+                    self.rollback()
+                    if isinstance(exc, psycopg.OperationalError):
+                        unavailable = StoreUnavailable(f"postgres unreachable: {exc}")
+                        unavailable.__cause__ = exc
+                        return [Outcome(error=unavailable) for _ in jobs]
+                    return [Outcome(error=exc) for _ in jobs]
+
+    def _attempt(
+        self,
+        jobs: Sequence[Job[Any]],
+        aside: dict[int, BaseException],
+        prelock: Touched | None,
+        careful: bool,
+    ) -> list[Outcome[Any]]:
+        backend = self.begin(defer=not careful)
+        if prelock is None:
+            # First attempt: the ids the requests name, in sorted order (Job.keys).
+            keys = {k for i, job in enumerate(jobs) if i not in aside for k in job.keys}
+            if keys and not has_nul(keys):
+                prelock = {"promises": keys, "tasks": keys, "schedules": set()}
+        if prelock is not None:
+            try:
+                backend.prefetch(prelock)
+            except Exception as exc:
+                if self._transient(exc):
+                    raise _Retry() from exc
+                raise
+        outcomes: list[Outcome[Any]] = []
+        for i, job in enumerate(jobs):
+            if i in aside:
+                outcomes.append(Outcome(error=aside[i]))
+                continue
+            overlay = Overlay(backend)
+            try:
+                value = job.fn(overlay)
+            except FlushFailed as exc:  # an earlier job's deferred write failed
+                raise _Careful() from exc
+            except Exception as exc:
+                # A failed read that aborted the transaction poisons the whole attempt;
+                # a job's own exception (or a client-side refusal) is its alone.
+                if self._transient(exc):
+                    raise _Retry() from exc
+                if self.conn.info.transaction_status == TransactionStatus.INERROR:
+                    aside[i] = exc
+                    raise _Rerun() from exc
+                outcomes.append(Outcome(error=exc))
+                continue
+            if overlay.writes:
+                try:
+                    backend.apply(overlay.writes, job.now)
+                except Unstorable as exc:  # refused before anything was sent
+                    outcomes.append(Outcome(error=exc))
+                    continue
+                except Exception as exc:  # part of its writes may be in: start over
+                    if self._transient(exc):
+                        raise _Retry() from exc
+                    aside[i] = exc
+                    raise _Rerun() from exc
+            outcomes.append(Outcome.of(value, overlay.writes))
+        try:
+            backend.flush()
+        except FlushFailed as exc:
+            raise _Careful() from exc
+        except Exception as exc:
+            if self._transient(exc):
+                raise _Retry() from exc
+            raise
+        try:
+            self.commit()
+        except psycopg.Error as exc:
+            if exc.sqlstate in RETRY_SQLSTATES:
+                raise _Retry() from exc  # refused before it took effect: run again
+            # The connection broke while COMMIT was under way: it may have happened.
+            raise StoreUnavailable(f"COMMIT failed, its outcome is unknown: {exc}") from exc
+        return outcomes
+
+    def reset(self) -> None:
+        """Delete every row of every node, and restart outbox ids at 1 (debug only).
+
+        The lock waits for every other transaction on the tables: no lock_timeout.
+        """
+
+        def delete_all(cur: Cur) -> None:
+            cur.execute("SET LOCAL lock_timeout = 0")
+            cur.execute(Q["reset"], prepare=False)
+
+        self.run(delete_all)
+
+    def snapshot(self) -> dict[str, Any]:
+        return self.run(lambda cur: PostgresBackend(cur).snapshot(), snapshot=True)
+
+    def ping(self) -> None:
+        # Bounded wait: a wedged batch must make /ready fail, not hang it.
+        if not self.lock.acquire(timeout=5):
+            raise StoreUnavailable("postgres store is busy (lock not acquired within 5 s)")
+        try:
+            for attempt in (1, 2):  # a connection found dead is reopened once
+                try:
+                    self.begin()
+                    self.cur.execute("SELECT 1").fetchone()
+                    self.conn.rollback()
+                    return
+                except psycopg.Error as exc:
+                    self.rollback()
+                    if attempt == 2 or not (self.conn.closed or self.conn.broken):
+                        raise StoreUnavailable(f"postgres store unavailable: {exc}") from exc
+        finally:
+            self.lock.release()
+
+    def close(self) -> None:
+        self.outbox.close()
+        Session.close(self)
+
+    def schema_version(self) -> int:
+        """The stored schema version (for diagnostics and tests)."""
+
+        return self.run(lambda cur: check_version(PgSchema(cur.connection)))
+
+
+class _Retry(Exception):
+    """Internal: roll back and run the batch again (the cause is ``__cause__``)."""
+
+
+class _Rerun(Exception):
+    """Internal: a job was set aside; run the batch again without it."""
+
+
+class _Careful(Exception):
+    """Internal: run the batch again writing job by job, to find the failing job."""

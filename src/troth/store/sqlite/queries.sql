@@ -1,0 +1,129 @@
+-- The SQLite store's queries, by name (loaded by troth/store/queries.py).
+-- Columns come in troth/store/codec.py's orders.  Integers beyond 64 bits are BLOBs
+-- (see store.py), which sort after every INTEGER: such a deadline is never due.
+
+-- name: get_promise
+SELECT id, state, param, value, tags, timeout_at, created_at, settled_at, callbacks, listeners
+FROM promises WHERE id = ?
+
+-- name: get_task
+SELECT id, state, version, ttl, pid, expires_at, retry_at, resumes FROM tasks WHERE id = ?
+
+-- name: get_schedule
+SELECT id, cron, promise_id, promise_timeout, promise_param, promise_tags, created_at,
+       next_run_at, last_run_at
+FROM schedules WHERE id = ?
+
+-- name: upsert_promise
+INSERT INTO promises (id, state, param, value, tags, timeout_at, created_at, settled_at,
+                      callbacks, listeners, external, branch, undrained)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (id) DO UPDATE SET state = excluded.state, param = excluded.param,
+    value = excluded.value, tags = excluded.tags, timeout_at = excluded.timeout_at,
+    created_at = excluded.created_at, settled_at = excluded.settled_at,
+    callbacks = excluded.callbacks, listeners = excluded.listeners,
+    external = excluded.external, branch = excluded.branch, undrained = excluded.undrained
+
+-- name: upsert_task
+INSERT INTO tasks (id, state, version, ttl, pid, expires_at, retry_at, resumes)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (id) DO UPDATE SET state = excluded.state, version = excluded.version,
+    ttl = excluded.ttl, pid = excluded.pid, expires_at = excluded.expires_at,
+    retry_at = excluded.retry_at, resumes = excluded.resumes
+
+-- name: upsert_schedule
+INSERT INTO schedules (id, cron, promise_id, promise_timeout, promise_param, promise_tags,
+                       created_at, next_run_at, last_run_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (id) DO UPDATE SET cron = excluded.cron, promise_id = excluded.promise_id,
+    promise_timeout = excluded.promise_timeout, promise_param = excluded.promise_param,
+    promise_tags = excluded.promise_tags, created_at = excluded.created_at,
+    next_run_at = excluded.next_run_at, last_run_at = excluded.last_run_at
+
+-- name: delete_schedule
+DELETE FROM schedules WHERE id = ?
+
+-- The keyed upsert of the *pending* row: delete it, insert the new message as a
+-- fresh row (a new id: it goes to the back of the queue, as in memory.py).
+-- name: delete_pending_message
+DELETE FROM outbox WHERE key = ? AND state = 'pending'
+
+-- name: insert_message
+INSERT INTO outbox (key, address, kind, task_id, version, promise, created_at,
+                    state, attempts, available_at, updated_at)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'pending', 0, ?7, ?7)
+
+-- name: promises_in_branch
+SELECT id, state, param, value, tags, timeout_at, created_at, settled_at, callbacks, listeners
+FROM promises WHERE branch = ? ORDER BY id LIMIT ?
+
+-- name: due_promises
+SELECT id FROM promises WHERE state = 'pending' AND external = 1 AND timeout_at <= ?
+ORDER BY timeout_at, id LIMIT ?
+
+-- A task is either pending or acquired, so the two halves never share an id.  The
+-- ORDER BY on the compound itself (not on a subquery) lets SQLite merge two ordered
+-- index range scans instead of sorting.
+-- name: due_tasks
+SELECT id, retry_at FROM tasks WHERE state = 'pending' AND retry_at <= ?1
+UNION ALL
+SELECT id, expires_at FROM tasks WHERE state = 'acquired' AND expires_at <= ?1
+ORDER BY 2, 1 LIMIT ?2
+
+-- name: due_schedules
+SELECT id FROM schedules WHERE next_run_at <= ? ORDER BY next_run_at, id LIMIT ?
+
+-- name: undrained_promises
+SELECT id FROM promises WHERE undrained = 1 ORDER BY id LIMIT ?
+
+-- name: next_deadline
+SELECT EXISTS (SELECT 1 FROM promises WHERE undrained = 1),
+       (SELECT min(timeout_at) FROM promises WHERE state = 'pending' AND external = 1),
+       (SELECT min(retry_at) FROM tasks WHERE state = 'pending'),
+       (SELECT min(expires_at) FROM tasks WHERE state = 'acquired'),
+       (SELECT min(next_run_at) FROM schedules)
+
+-- The outbox lifecycle (store/outbox.py's OutboxTable).  Parameters of claim:
+-- token, worker, now, now, now, limit.
+-- name: claim
+UPDATE outbox SET state = 'dispatching', claim_token = ?, claimed_by = ?,
+    claimed_at = ?, updated_at = ?
+WHERE id IN (SELECT id FROM outbox WHERE state = 'pending' AND available_at <= ?
+             ORDER BY available_at, id LIMIT ?)
+RETURNING id, address, kind, task_id, version, promise, created_at, state, attempts,
+          available_at, claim_token, claimed_by, claimed_at, last_code, updated_at
+
+-- name: held
+SELECT key, attempts FROM outbox WHERE id = ? AND state = 'dispatching' AND claim_token = ?
+
+-- name: in_state
+SELECT key, attempts FROM outbox WHERE id = ? AND state = ?
+
+-- name: has_pending
+SELECT 1 FROM outbox WHERE key = ? AND state = 'pending'
+
+-- name: finish
+UPDATE outbox SET state = ?, attempts = ?, claim_token = NULL, last_code = ?,
+    updated_at = ?
+WHERE id = ?
+
+-- name: requeue
+UPDATE outbox SET state = 'pending', attempts = ?, claim_token = NULL, last_code = ?,
+    updated_at = ?, available_at = ?
+WHERE id = ?
+
+-- name: unknown_rows
+SELECT id, address, kind, task_id, version, promise, created_at, state, attempts,
+       available_at, claim_token, claimed_by, claimed_at, last_code, updated_at
+FROM outbox WHERE state = 'outcome_unknown' ORDER BY id LIMIT ?
+
+-- name: release_expired
+UPDATE outbox SET state = 'outcome_unknown', claim_token = NULL, last_code = ?,
+    updated_at = ?
+WHERE state = 'dispatching' AND coalesce(claimed_at, 0) < ?
+
+-- name: purge_completed
+DELETE FROM outbox WHERE state = 'completed' AND updated_at < ?
+
+-- name: next_due
+SELECT min(available_at) FROM outbox WHERE state = 'pending'

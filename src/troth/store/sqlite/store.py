@@ -1,0 +1,364 @@
+"""The SQLite store: one database file in WAL mode, behind :class:`Store` group commit.
+
+It answers exactly as the memory store does (scans in id order with ``after``
+exclusive, due lists in ``(deadline, id)`` order, the same snapshot); its queries
+are in ``queries.sql``, its rows are ``store/codec.py``'s, its outbox rules
+``store/outbox.py``'s.  What is SQLite's own: integers beyond 64 bits stored as
+BLOBs, ``BEGIN IMMEDIATE`` batches on one connection, savepoints per job.  The
+reasons are in ``docs/architecture.md`` ("SQLite").
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager
+from typing import Any, Final, TypeVar
+
+from troth.outbox.rows import OutboxRow
+from troth.protocol.records import Promise, Schedule, Tags, Task
+from troth.store.base import Backend, Store, StoreUnavailable
+from troth.store.codec import PROMISE_COLS, SCHEDULE_COLS, TASK_COLS, RowCodec
+from troth.store.migrate import check_version, migrate
+from troth.store.outbox import OutboxStore, OutboxTable, SqlOutboxTable
+from troth.store.queries import load_queries
+from troth.store.sqlite.migrate import SqliteSchema
+from troth.store.writes import Writes
+
+__all__ = ["SqliteBackend", "SqliteOutbox", "SqliteStore"]
+
+T = TypeVar("T")
+
+# -- integers ---------------------------------------------------------------------------
+
+_I64_MIN: Final = -(2**63)
+_I64_MAX: Final = 2**63 - 1
+
+
+def _int_in(n: int | None) -> int | bytes | None:
+    """An integer as SQLite can store it (see the module docstring for BLOBs)."""
+    if n is None or _I64_MIN <= n <= _I64_MAX:
+        return n
+    if n < 0:
+        raise OverflowError(f"integer {n} is below -2**63 and cannot be stored")
+    size = (n.bit_length() + 7) // 8
+    return size.to_bytes(4, "big") + n.to_bytes(size, "big")
+
+
+def _int_out(v: Any) -> Any:
+    """Inverse of :func:`_int_in` (``int``, ``None``, or a BLOB-encoded big int)."""
+    if v.__class__ is bytes:
+        size = int.from_bytes(v[:4], "big")
+        return int.from_bytes(v[4 : 4 + size], "big")
+    return v
+
+
+_Q: Final = load_queries("troth.store.sqlite")
+_CODEC: Final = RowCodec(int_in=_int_in, int_out=_int_out, flag=int)
+_TABLES: Final = ("promises", "tasks", "schedules", "outbox")
+_SAVEPOINT: Final = "troth_job"
+
+
+def _tag_filter(table: str, column: str) -> str:
+    """One ``key = value`` pair of a tag filter.
+
+    ``json_each`` compares the decoded key, so any key works (``resonate:origin``,
+    keys with quotes or dots), which a ``json_extract`` path cannot promise.
+    """
+    return f"EXISTS (SELECT 1 FROM json_each({table}.{column}) WHERE key = ? AND value = ?)"
+
+
+def _scan_sql(
+    table: str,
+    columns: str,
+    states: int | None,
+    tags_column: str | None,
+    tags: int,
+    after: bool,
+) -> str:
+    where: list[str] = []
+    if after:
+        where.append("id > ?")
+    if states is not None:
+        where.append(f"state IN ({', '.join('?' * states)})")
+    if tags_column is not None:
+        where.extend(_tag_filter(table, tags_column) for _ in range(tags))
+    clause = f" WHERE {' AND '.join(where)}" if where else ""
+    return f"SELECT {columns} FROM {table}{clause} ORDER BY id LIMIT ?"
+
+
+def _scan_params(
+    after: str | None, states: Collection[str] | None, tags: Tags, limit: int
+) -> list[Any]:
+    params: list[Any] = []
+    if after is not None:
+        params.append(after)
+    if states is not None:
+        params.extend(states)
+    for k, v in tags.items():
+        params.extend((k, v))
+    params.append(limit)
+    return params
+
+
+# -- the backend -----------------------------------------------------------------------------
+
+
+class SqliteBackend(Backend):
+    """Reads and writes of the transaction that :meth:`SqliteStore.begin` opened."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+
+    # -- reads ------------------------------------------------------------------------
+
+    def get_promise(self, id: str) -> Promise | None:
+        r = self.conn.execute(_Q["get_promise"], (id,)).fetchone()
+        return None if r is None else _CODEC.promise(r)
+
+    def get_task(self, id: str) -> Task | None:
+        r = self.conn.execute(_Q["get_task"], (id,)).fetchone()
+        return None if r is None else _CODEC.task(r)
+
+    def get_schedule(self, id: str) -> Schedule | None:
+        r = self.conn.execute(_Q["get_schedule"], (id,)).fetchone()
+        return None if r is None else _CODEC.schedule(r)
+
+    def scan_promises(
+        self, states: Collection[str] | None, tags: Tags, after: str | None, limit: int
+    ) -> list[Promise]:
+        if states is not None and not states:
+            return []
+        sql = _scan_sql(
+            "promises",
+            PROMISE_COLS,
+            None if states is None else len(states),
+            "tags",
+            len(tags),
+            after is not None,
+        )
+        rows = self.conn.execute(sql, _scan_params(after, states, tags, limit)).fetchall()
+        return [_CODEC.promise(r) for r in rows]
+
+    def scan_tasks(
+        self, states: Collection[str] | None, after: str | None, limit: int
+    ) -> list[Task]:
+        if states is not None and not states:
+            return []
+        sql = _scan_sql(
+            "tasks", TASK_COLS, None if states is None else len(states), None, 0, after is not None
+        )
+        rows = self.conn.execute(sql, _scan_params(after, states, {}, limit)).fetchall()
+        return [_CODEC.task(r) for r in rows]
+
+    def scan_schedules(self, tags: Tags, after: str | None, limit: int) -> list[Schedule]:
+        sql = _scan_sql(
+            "schedules", SCHEDULE_COLS, None, "promise_tags", len(tags), after is not None
+        )
+        rows = self.conn.execute(sql, _scan_params(after, None, tags, limit)).fetchall()
+        return [_CODEC.schedule(r) for r in rows]
+
+    def promises_in_branch(self, branch: str, limit: int) -> list[Promise]:
+        if not branch:
+            return []  # the empty branch is never indexed (memory.py: ``if branch:``)
+        rows = self.conn.execute(_Q["promises_in_branch"], (branch, limit)).fetchall()
+        return [_CODEC.promise(r) for r in rows]
+
+    # -- deadlines ----------------------------------------------------------------------
+
+    def _ids(self, sql: str, params: tuple[Any, ...]) -> list[str]:
+        return [r[0] for r in self.conn.execute(sql, params)]
+
+    def due_promises(self, now: int, limit: int) -> list[str]:
+        return self._ids(_Q["due_promises"], (_int_in(now), limit))
+
+    def due_tasks(self, now: int, limit: int) -> list[str]:
+        return self._ids(_Q["due_tasks"], (_int_in(now), limit))
+
+    def due_schedules(self, now: int, limit: int) -> list[str]:
+        return self._ids(_Q["due_schedules"], (_int_in(now), limit))
+
+    def undrained_promises(self, limit: int) -> list[str]:
+        return self._ids(_Q["undrained_promises"], (limit,))
+
+    def next_deadline(self) -> int | None:
+        undrained, *armed = self.conn.execute(_Q["next_deadline"]).fetchone()
+        candidates: list[int] = [_int_out(d) for d in armed if d is not None]
+        if undrained:
+            candidates.append(0)
+        return min(candidates) if candidates else None
+
+    # -- writes -------------------------------------------------------------------------
+
+    def apply(self, writes: Writes, now: int) -> None:
+        execute = self.conn.execute
+        for p in writes.promises.values():
+            execute(_Q["upsert_promise"], _CODEC.promise_row(p))
+        for t in writes.tasks.values():
+            execute(_Q["upsert_task"], _CODEC.task_row(t))
+        for id, s in writes.schedules.items():
+            if s is None:
+                execute(_Q["delete_schedule"], (id,))
+            else:
+                execute(_Q["upsert_schedule"], _CODEC.schedule_row(s))
+        for key, entry in writes.messages.items():
+            execute(_Q["delete_pending_message"], (key,))
+            execute(_Q["insert_message"], _CODEC.message_row(key, entry, now))
+
+    # -- whole-store reads -----------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        """Everything, in memory.py's ``snapshot()`` format (built from the same Structs)."""
+        return _CODEC.snapshot(lambda sql: self.conn.execute(sql).fetchall())
+
+
+# -- the store ---------------------------------------------------------------------------------
+
+
+class SqliteStore(Store):
+    """A SQLite database file (or ``":memory:"``) with group commit.
+
+    ``synchronous="full"`` fsyncs the WAL at every commit, so an acknowledged batch
+    survives a power loss; ``"normal"`` may lose the last batches on power loss (never
+    on a process crash) and is faster.  Group commit makes ``full`` affordable.
+    """
+
+    name = "sqlite"
+
+    def __init__(self, path: str | os.PathLike[str], synchronous: str = "full") -> None:
+        super().__init__()
+        mode = synchronous.lower() if isinstance(synchronous, str) else None
+        if mode not in ("full", "normal"):
+            raise ValueError(f"synchronous must be 'full' or 'normal', got {synchronous!r}")
+        self.path = os.fspath(path)
+        self.synchronous = mode
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        try:
+            conn.execute("PRAGMA busy_timeout = 5000")
+            # Refuse a newer schema before anything (even the journal mode) is changed.
+            check_version(SqliteSchema(conn))
+            if self.path not in (":memory:", ""):
+                conn.execute("PRAGMA journal_mode = WAL").fetchone()
+            conn.execute(f"PRAGMA synchronous = {mode.upper()}")
+            migrate(SqliteSchema(conn))
+        except BaseException:
+            conn.close()
+            raise
+        self.conn = conn
+        self.backend = SqliteBackend(conn)
+        self.outbox = SqliteOutbox(self)
+
+    # -- transactions --------------------------------------------------------------------
+
+    def begin(self) -> Backend:
+        if self.conn.in_transaction:
+            # Only reachable if a previous batch died between begin and commit/rollback;
+            # nothing of it was acknowledged, so dropping it is the right thing.
+            self.conn.execute("ROLLBACK")
+        self.conn.execute("BEGIN IMMEDIATE")
+        return self.backend
+
+    def commit(self) -> None:
+        self.conn.execute("COMMIT")
+
+    def rollback(self) -> None:
+        """Best effort: never raises, so the error that caused it is what callers see.
+
+        A failed COMMIT may already have ended the transaction, and on a closed or
+        broken connection there is nothing to roll back (SQLite discards an unfinished
+        transaction when the connection goes; :meth:`begin` drops a leftover one).
+        """
+        try:
+            if self.conn.in_transaction:
+                self.conn.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass
+
+    def savepoint(self) -> None:
+        self.conn.execute(f"SAVEPOINT {_SAVEPOINT}")
+
+    def release(self) -> None:
+        self.conn.execute(f"RELEASE {_SAVEPOINT}")
+
+    def rollback_to(self) -> None:
+        # ROLLBACK TO keeps the savepoint open; release it so the next job's SAVEPOINT
+        # is not nested inside this one.
+        self.conn.execute(f"ROLLBACK TO {_SAVEPOINT}")
+        self.conn.execute(f"RELEASE {_SAVEPOINT}")
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction outside group commit (reset, the outbox lifecycle)."""
+        with self.lock:
+            self.begin()
+            try:
+                yield self.conn
+                self.commit()
+            except BaseException:
+                self.rollback()
+                raise
+
+    # -- whole-store operations -------------------------------------------------------------
+
+    def reset(self) -> None:
+        """Delete every row, and restart outbox ids at 1 as a fresh memory store does."""
+        with self.transaction() as conn:
+            for table in _TABLES:
+                conn.execute(f"DELETE FROM {table}")
+            conn.execute("DELETE FROM sqlite_sequence WHERE name = 'outbox'")
+
+    def snapshot(self) -> dict[str, Any]:
+        """Read in one (read) transaction, so the four lists are mutually consistent."""
+        with self.lock:
+            self.conn.execute("BEGIN")
+            try:
+                return self.backend.snapshot()
+            finally:
+                self.rollback()
+
+    def ping(self) -> None:
+        # Bounded wait: a wedged batch must make /ready fail, not hang it.
+        if not self.lock.acquire(timeout=5):
+            raise StoreUnavailable("sqlite store is busy (lock not acquired within 5 s)")
+        try:
+            self.conn.execute("SELECT 1").fetchone()
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(f"sqlite store unavailable: {exc}") from exc
+        finally:
+            self.lock.release()
+
+    def close(self) -> None:
+        with self.lock:
+            self.conn.close()
+
+    def schema_version(self) -> int:
+        """The stored schema version (for diagnostics and tests)."""
+        with self.lock:
+            return check_version(SqliteSchema(self.conn))
+
+
+class SqliteOutbox(OutboxStore):
+    """The outbox-row lifecycle (``store/outbox.py``) over the outbox table: each call
+    one ``BEGIN IMMEDIATE`` transaction, so a claim is atomic even with other
+    processes on the same file."""
+
+    def __init__(self, store: SqliteStore) -> None:
+        self.store = store
+
+    def write(self, fn: Callable[[OutboxTable], T]) -> T:
+        with self.store.transaction() as conn:
+            return fn(SqliteOutboxTable(conn, _Q, _CODEC))
+
+    def read(self, fn: Callable[[OutboxTable], T]) -> T:
+        with self.store.lock:
+            return fn(SqliteOutboxTable(self.store.conn, _Q, _CODEC))
+
+
+class SqliteOutboxTable(SqlOutboxTable):
+    """The shared SQL outbox table, with SQLite's claim (``UPDATE … RETURNING``)."""
+
+    def claim(self, worker_id: str, now: int, limit: int, token: str) -> list[OutboxRow]:
+        at = _int_in(now)
+        claimed = self.cur.execute(_Q["claim"], (token, worker_id, at, at, at, limit)).fetchall()
+        return [_CODEC.outbox_row(r) for r in claimed]
