@@ -96,6 +96,10 @@ def running_server(settings: Settings, store: Store | None = None) -> Iterator[R
         lifespan="on",
         access_log=False,
         log_level="warning",
+        # Longer than httpx's 5 s keep-alive expiry: the client always drops an idle
+        # connection first, so a reused one is never reset by the server mid-request
+        # (with both at 5 s, a loaded machine made that race, and /metrics failed).
+        timeout_keep_alive=60,
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)

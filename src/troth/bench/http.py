@@ -36,7 +36,35 @@ def split_url(url: str) -> tuple[str, int]:
     return parts.hostname, parts.port or 80
 
 
-class HttpConnection(asyncio.Protocol):
+class _Parsing(asyncio.Protocol):
+    """Feeds what arrives to an ``httptools`` parser; a parse error ends the connection.
+
+    The read instant is taken before parsing (what the bench reports is the moment
+    the bytes reached the generator's process)."""
+
+    #: What a parse error calls the response ("HTTP", "SSE").
+    what = "HTTP"
+    parser: httptools.HttpResponseParser
+    transport: asyncio.Transport | None
+    read_at: float
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+
+    def data_received(self, data: bytes) -> None:
+        self.read_at = time.perf_counter()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._broken(HttpError(f"bad {self.what} response: {exc}"))
+            if self.transport is not None:
+                self.transport.close()
+
+    def _broken(self, exc: BaseException) -> None:
+        raise NotImplementedError
+
+
+class HttpConnection(_Parsing):
     """One keep-alive connection; :meth:`post` sends a body and returns the answer."""
 
     def __init__(self, host: str, port: int) -> None:
@@ -62,17 +90,8 @@ class HttpConnection(asyncio.Protocol):
 
     # -- asyncio.Protocol --------------------------------------------------------------
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
-
-    def data_received(self, data: bytes) -> None:
-        self.read_at = time.perf_counter()
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserError as exc:
-            self._fail(HttpError(f"bad HTTP response: {exc}"))
-            if self.transport is not None:
-                self.transport.close()
+    def _broken(self, exc: BaseException) -> None:
+        self._fail(exc)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = exc or HttpError("connection closed by the server")
@@ -129,12 +148,14 @@ class HttpConnection(asyncio.Protocol):
 OnMessage = Callable[[bytes, float], None]
 
 
-class SseConnection(asyncio.Protocol):
+class SseConnection(_Parsing):
     """A worker's ``GET /poll/{group}/{id}``: every ``data:`` line goes to ``on_message``.
 
     The read instant is taken in ``data_received``, before parsing, so the dispatch
     latency the bench reports is the moment the bytes reached the worker's process.
     """
+
+    what = "SSE"
 
     def __init__(self, host: str, port: int, path: str, on_message: OnMessage) -> None:
         self.host = host
@@ -161,20 +182,15 @@ class SseConnection(asyncio.Protocol):
         return conn
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        super().connection_made(transport)
+        assert self.transport is not None
         self.transport.write(
             f"GET {self.path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
             "Accept: text/event-stream\r\n\r\n".encode()
         )
 
-    def data_received(self, data: bytes) -> None:
-        self.read_at = time.perf_counter()
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserError as exc:
-            self._done(HttpError(f"bad SSE response: {exc}"))
-            if self.transport is not None:
-                self.transport.close()
+    def _broken(self, exc: BaseException) -> None:
+        self._done(exc)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._done(exc or HttpError("SSE stream closed"))

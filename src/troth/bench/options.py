@@ -7,6 +7,7 @@ Kept free of heavy imports: ``troth.cli.main`` imports it to build its parser, a
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 WORKLOADS = ("create-settle", "lifecycle", "fanout", "reads", "timers", "heartbeat")
@@ -54,20 +55,21 @@ class Options:
     wait_quiet: float = 0.0  # seconds to wait, before each measurement, for other load to stop
 
 
-def _workloads(text: str) -> tuple[str, ...]:
-    names = tuple(w.strip() for w in text.split(",") if w.strip())
-    for w in names:
-        if w not in WORKLOADS:
-            raise argparse.ArgumentTypeError(f"unknown workload {w!r}; choose from {WORKLOADS}")
-    return names
+def _names(what: str, choices: Sequence[str]) -> Callable[[str], tuple[str, ...]]:
+    """An argparse type for a comma-separated list of names from ``choices``."""
+
+    def parse(text: str) -> tuple[str, ...]:
+        names = tuple(w.strip() for w in text.split(",") if w.strip())
+        for w in names:
+            if w not in choices:
+                raise argparse.ArgumentTypeError(f"unknown {what} {w!r}; choose from {choices}")
+        return names
+
+    return parse
 
 
-def _peers(text: str) -> tuple[str, ...]:
-    names = tuple(w.strip() for w in text.split(",") if w.strip())
-    for w in names:
-        if w not in PEERS:
-            raise argparse.ArgumentTypeError(f"unknown peer {w!r}; choose from {PEERS}")
-    return names
+_workloads = _names("workload", WORKLOADS)
+_peers = _names("peer", PEERS)
 
 
 def _nodes(text: str) -> tuple[int, ...]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import time
 from collections.abc import Callable, Sequence
+from contextlib import closing
 from pathlib import Path
 from typing import Any, overload
 
@@ -56,34 +57,21 @@ class SeedIds(Sequence[str]):
         return seed_id(self.prefix, i % self.size)
 
 
-def seed(
-    path: Path,
-    count: int,
-    prefix: str,
-    *,
-    start: int = 0,
-    progress: Callable[[int], None] | None = None,
-) -> float:
+def seed(path: Path, count: int, prefix: str) -> float:
     """Write ``count`` resolved promises ``{prefix}{i:09d}``; returns the seconds taken.
 
     Written with ``synchronous=NORMAL``: the seed is not what is measured, and the
     server reopens the file with the setting under test."""
-    store = SqliteStore(path, synchronous="normal")
-    try:
-        return seed_store(store, count, prefix, start=start, progress=progress)
-    finally:
-        store.close()
+    with closing(SqliteStore(path, synchronous="normal")) as store:
+        return seed_store(store, count, prefix)
 
 
 def seed_postgres(url: str, count: int, prefix: str) -> float:
     """The same rows into a PostgreSQL database (created or upgraded on open)."""
     from troth.store.postgres import PostgresStore
 
-    store = PostgresStore(url)
-    try:
+    with closing(PostgresStore(url)) as store:
         return seed_store(store, count, prefix)
-    finally:
-        store.close()
 
 
 def seed_store(

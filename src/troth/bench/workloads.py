@@ -359,6 +359,34 @@ class Ledger:
             raise BenchFailure(f"task {id} fulfilled twice")
 
 
+async def create_targeted(c: Client, rec: Recorder, id: str, n: int, tag: str, target: str) -> None:
+    """A pending promise targeted at a worker group (its task gets an ``execute``)."""
+    data = {
+        "id": id,
+        "timeoutAt": FAR,
+        "param": param(n),
+        "tags": {TAG: tag, "resonate:target": target},
+    }
+    p = promise_of(await timed(c, rec, "promise.create", data), "promise.create")
+    expect_state(p, "pending", "created promise")
+
+
+async def fulfil_timed(c: Client, rec: Recorder, ledger: Ledger, id: str, version: int) -> None:
+    """``task.fulfill`` resolving the task's promise, timed and checked by the ledger."""
+    ful = {"id": id, "version": version, "action": settle_action(id)}
+    ledger.fulfil(await timed(c, rec, "task.fulfill", ful), id)
+
+
+async def measured_with(
+    ctx: Ctx, name: str, body: Callable[[Window, Recorder], Awaitable[None]], pool: WorkerPool
+) -> tuple[Recorder, Probe]:
+    """:func:`measured`, then close the workload's worker pool whatever happened."""
+    try:
+        return await measured(ctx, name, body)
+    finally:
+        await pool.close()
+
+
 def settle_action(id: str) -> dict[str, Any]:
     return {
         "kind": "promise.settle",
@@ -468,30 +496,19 @@ async def lifecycle(ctx: Ctx) -> Result:
                 n += 1
                 started = time.perf_counter()
                 fut = pool.expect(id, 0)
-                data = {
-                    "id": id,
-                    "timeoutAt": FAR,
-                    "param": param(n),
-                    "tags": {TAG: tag, "resonate:target": pool.target},
-                }
-                p = promise_of(await timed(c, rec, "promise.create", data), "promise.create")
-                expect_state(p, "pending", "created promise")
+                await create_targeted(c, rec, id, n, tag, pool.target)
                 answered = c.conn.read_at
                 made[i] = n
                 read_at, pid = await pool.wait(fut, id)
                 rec.add("dispatch", read_at - answered, read_at)
                 acq = {"id": id, "version": 0, "pid": pid, "ttl": 60_000}
                 version = ledger.acquired(await timed(c, rec, "task.acquire", acq), id)
-                ful = {"id": id, "version": version, "action": settle_action(id)}
-                ledger.fulfil(await timed(c, rec, "task.fulfill", ful), id)
+                await fulfil_timed(c, rec, ledger, id, version)
                 rec.add("tasks", time.perf_counter() - started)
 
         await asyncio.gather(*(client(i, c) for i, c in enumerate(ctx.clients)))
 
-    try:
-        rec, probe = await measured(ctx, "lifecycle", body)
-    finally:
-        await pool.close()
+    rec, probe = await measured_with(ctx, "lifecycle", body, pool)
     result = finish(
         "lifecycle",
         "tasks",
@@ -540,17 +557,7 @@ async def fanout(ctx: Ctx) -> Result:
                 n += 1
                 started = time.perf_counter()
                 first = pool.expect(parent, 0)
-                data = {
-                    "id": parent,
-                    "timeoutAt": FAR,
-                    "param": param(n),
-                    "tags": {TAG: tag, "resonate:target": pool.target},
-                }
-                expect_state(
-                    promise_of(await timed(c, rec, "promise.create", data), "promise.create"),
-                    "pending",
-                    "parent",
-                )
+                await create_targeted(c, rec, parent, n, tag, pool.target)
                 made[i] = n
                 version = await run_task(c, parent, first, 0)
                 kids = [f"{parent}:{j}" for j in range(width)]
@@ -588,19 +595,14 @@ async def fanout(ctx: Ctx) -> Result:
                 )
                 for kid, w in zip(kids, waits, strict=True):
                     kv = await run_task(c, kid, w, 0)
-                    ful = {"id": kid, "version": kv, "action": settle_action(kid)}
-                    ledger.fulfil(await timed(c, rec, "task.fulfill", ful), kid)
+                    await fulfil_timed(c, rec, ledger, kid, kv)
                 version = await run_task(c, parent, resumed, version)
-                ful = {"id": parent, "version": version, "action": settle_action(parent)}
-                ledger.fulfil(await timed(c, rec, "task.fulfill", ful), parent)
+                await fulfil_timed(c, rec, ledger, parent, version)
                 rec.add("workflows", time.perf_counter() - started)
 
         await asyncio.gather(*(client(i, c) for i, c in enumerate(ctx.clients)))
 
-    try:
-        rec, probe = await measured(ctx, "fanout", body)
-    finally:
-        await pool.close()
+    rec, probe = await measured_with(ctx, "fanout", body, pool)
     result = finish(
         "fanout",
         "workflows",

@@ -31,7 +31,7 @@ from troth.outbox.types import (
 from troth.protocol.records import Execute
 from troth.server.engine import Engine
 from troth.server.metrics import Metrics
-from troth.server.waiting import wait_event
+from troth.server.waiting import cancel_and_wait, wait_event
 from troth.store.base import StoreUnavailable
 
 log = logging.getLogger("troth.delivery")
@@ -193,13 +193,8 @@ class DeliveryLoop:
             task.cancel()  # unsettled claims are reaped and reconciled
         if self._inflight:
             await asyncio.gather(*self._inflight, return_exceptions=True)
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         await asyncio.get_running_loop().run_in_executor(None, self.calls.close)
 
     def wake(self) -> None:

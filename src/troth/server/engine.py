@@ -28,7 +28,7 @@ from troth.machine.core import handle, lock_keys, tick
 from troth.machine.internal import Config
 from troth.machine.state import Response
 from troth.protocol import requests as rq
-from troth.server.waiting import wait_event
+from troth.server.waiting import cancel_and_wait, wait_event
 from troth.store.base import Job, Outcome, Overlay, Store, StoreUnavailable
 
 log = logging.getLogger("troth.engine")
@@ -114,13 +114,8 @@ class Engine:
 
     async def stop(self) -> None:
         """Stop the timer, let the writer finish what was queued, close the store."""
-        if self._timer is not None:
-            self._timer.cancel()
-            try:
-                await self._timer
-            except asyncio.CancelledError:
-                pass
-            self._timer = None
+        await cancel_and_wait(self._timer)
+        self._timer = None
         if self._thread is not None:
             self._queue.put(None)
             await asyncio.get_running_loop().run_in_executor(None, self._thread.join)

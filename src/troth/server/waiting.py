@@ -21,3 +21,14 @@ async def wait_event(event: asyncio.Event, timeout: float | None) -> bool:
     finally:
         waiter.cancel()
     return bool(done)
+
+
+async def cancel_and_wait(task: asyncio.Task[None] | None) -> None:
+    """Cancel a loop's task and wait until it has stopped (shutdown)."""
+    if task is None:
+        return
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        pass

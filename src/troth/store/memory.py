@@ -24,6 +24,23 @@ from troth.store.writes import Writes
 T = TypeVar("T")
 
 
+V = TypeVar("V")
+
+
+def _scan(rows: dict[str, V], match: Callable[[V], bool], after: str | None, limit: int) -> list[V]:
+    """Up to ``limit`` matching rows in id order, after ``after`` (exclusive)."""
+    out: list[V] = []
+    for id in sorted(rows):
+        if after is not None and id <= after:
+            continue
+        row = rows[id]
+        if match(row):
+            out.append(row)
+            if len(out) == limit:
+                break
+    return out
+
+
 class MemoryBackend(Backend):
     def __init__(self) -> None:
         self.promises: dict[str, Promise] = {}
@@ -52,45 +69,22 @@ class MemoryBackend(Backend):
     def scan_promises(
         self, states: Collection[str] | None, tags: Tags, after: str | None, limit: int
     ) -> list[Promise]:
-        out: list[Promise] = []
-        for id in sorted(self.promises):
-            if after is not None and id <= after:
-                continue
-            p = self.promises[id]
-            if states is not None and p.state not in states:
-                continue
-            if any(p.tags.get(k) != v for k, v in tags.items()):
-                continue
-            out.append(p)
-            if len(out) == limit:
-                break
-        return out
+        def match(p: Promise) -> bool:
+            in_state = states is None or p.state in states
+            return in_state and all(p.tags.get(k) == v for k, v in tags.items())
+
+        return _scan(self.promises, match, after, limit)
 
     def scan_tasks(
         self, states: Collection[str] | None, after: str | None, limit: int
     ) -> list[Task]:
-        out: list[Task] = []
-        for id in sorted(self.tasks):
-            if after is not None and id <= after:
-                continue
-            t = self.tasks[id]
-            if states is None or t.state in states:
-                out.append(t)
-                if len(out) == limit:
-                    break
-        return out
+        return _scan(self.tasks, lambda t: states is None or t.state in states, after, limit)
 
     def scan_schedules(self, tags: Tags, after: str | None, limit: int) -> list[Schedule]:
-        out: list[Schedule] = []
-        for id in sorted(self.schedules):
-            if after is not None and id <= after:
-                continue
-            s = self.schedules[id]
-            if all(s.promise_tags.get(k) == v for k, v in tags.items()):
-                out.append(s)
-                if len(out) == limit:
-                    break
-        return out
+        def match(s: Schedule) -> bool:
+            return all(s.promise_tags.get(k) == v for k, v in tags.items())
+
+        return _scan(self.schedules, match, after, limit)
 
     def promises_in_branch(self, branch: str, limit: int) -> list[Promise]:
         ids = sorted(self.branches.get(branch, ()))[:limit]

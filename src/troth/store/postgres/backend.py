@@ -7,8 +7,8 @@ How and why it locks, caches, defers and detects a stale view is in
 from __future__ import annotations
 
 import functools
-from collections.abc import Collection, Sequence
-from typing import Any, Final
+from collections.abc import Callable, Collection, Sequence
+from typing import Any, Final, TypeVar
 
 import psycopg
 
@@ -26,6 +26,8 @@ from troth.store.postgres.session import (
 )
 from troth.store.queries import load_queries
 from troth.store.writes import Writes
+
+V = TypeVar("V", Promise, Task, Schedule)
 
 Q: Final = load_queries("troth.store.postgres")
 CODEC: Final = RowCodec()
@@ -143,6 +145,11 @@ class PostgresBackend(Backend):
         self.seen_promises: dict[str, bool] = {}
         self.seen_tasks: dict[str, bool] = {}
         self.seen_schedules: dict[str, bool] = {}
+        self.seen = {
+            "promises": self.seen_promises,
+            "tasks": self.seen_tasks,
+            "schedules": self.seen_schedules,
+        }
         #: Every id this transaction looked up or wrote, per table, found or not: what
         #: a re-run locks up front (including the row a failed statement waited for).
         self.touched: Touched = {table: set() for table in TABLES}
@@ -257,41 +264,40 @@ class PostgresBackend(Backend):
     #: Set by the store: the session's lock_timeout, restored after a prefetch.
     lock_timeout_ms = 50
 
-    def get_promise(self, id: str) -> Promise | None:
+    def _point(
+        self,
+        table: str,
+        id: str,
+        params: Any,
+        decode: Callable[[Sequence[Any]], V],
+        held: dict[str, V | None] | None,
+    ) -> V | None:
+        """One point read (``get_<kind>`` of queries.sql), locking the row; ``held``
+        serves repeat reads of rows this transaction holds, and keeps the answer."""
         if NUL in id:
-            return None
-        if id in self.promises:
-            return self.promises[id]
+            return None  # never stored (refuse_nul)
+        if held is not None and id in held:
+            return held[id]
         self.flush()
-        self.touched["promises"].add(id)
-        r = self.cur.execute(Q["get_promise"], (id,)).fetchone()
-        self._seen(self.seen_promises, "promise", id, r is not None)
-        p = None if r is None else CODEC.promise(r)
-        self.promises[id] = p
-        return p
+        self.touched[table].add(id)
+        kind = table[:-1]
+        r = self.cur.execute(Q[f"get_{kind}"], params).fetchone()
+        self._seen(self.seen[table], kind, id, r is not None)
+        found = None if r is None else decode(r)
+        if held is not None:
+            held[id] = found
+        return found
+
+    def get_promise(self, id: str) -> Promise | None:
+        return self._point("promises", id, (id,), CODEC.promise, self.promises)
 
     def get_task(self, id: str) -> Task | None:
-        if NUL in id:
-            return None
-        if id in self.tasks:
-            return self.tasks[id]
-        self.flush()
-        self.touched["promises"].add(id)
-        self.touched["tasks"].add(id)
-        r = self.cur.execute(Q["get_task"], {"id": id}).fetchone()
-        self._seen(self.seen_tasks, "task", id, r is not None)
-        t = None if r is None else CODEC.task(r)
-        self.tasks[id] = t
-        return t
+        if id not in self.tasks:
+            self.touched["promises"].add(id)  # its promise is locked first (queries.sql)
+        return self._point("tasks", id, {"id": id}, CODEC.task, self.tasks)
 
     def get_schedule(self, id: str) -> Schedule | None:
-        if NUL in id:
-            return None
-        self.flush()
-        self.touched["schedules"].add(id)
-        r = self.cur.execute(Q["get_schedule"], (id,)).fetchone()
-        self._seen(self.seen_schedules, "schedule", id, r is not None)
-        return None if r is None else CODEC.schedule(r)
+        return self._point("schedules", id, (id,), CODEC.schedule, None)
 
     def _scan_rows(
         self,
@@ -345,26 +351,32 @@ class PostgresBackend(Backend):
         self.flush()
         return [r[0] for r in self.cur.execute(sql, params)]
 
-    def due_promises(self, now: int, limit: int) -> list[str]:
-        """Due ids; the rows come along (locked) and serve the timer's next reads."""
+    def _due(
+        self,
+        table: str,
+        params: Any,
+        decode: Callable[[Sequence[Any]], V],
+        held: dict[str, V | None],
+    ) -> list[str]:
+        """A due list (``due_<table>``, SKIP LOCKED); its rows come along, locked, and
+        serve the timer's next reads."""
         self.flush()
-        found = [CODEC.promise(r) for r in self.cur.execute(Q["due_promises"], (now, limit))]
-        for p in found:
-            self.touched["promises"].add(p.id)
-            self._seen(self.seen_promises, "promise", p.id, True)
-            self.promises.setdefault(p.id, p)
-        return [p.id for p in found]
+        ids: list[str] = []
+        for r in self.cur.execute(Q[f"due_{table}"], params):
+            row = decode(r)
+            self.touched[table].add(row.id)
+            self._seen(self.seen[table], table[:-1], row.id, True)
+            held.setdefault(row.id, row)
+            ids.append(row.id)
+        return ids
+
+    def due_promises(self, now: int, limit: int) -> list[str]:
+        return self._due("promises", (now, limit), CODEC.promise, self.promises)
 
     def due_tasks(self, now: int, limit: int) -> list[str]:
-        """As :meth:`due_promises`; the task's promise is locked when it is read."""
-        self.flush()
+        """The task's promise is locked when it is read (``get_task``)."""
         params = {"now": now, "limit": limit}
-        found = [CODEC.task(r) for r in self.cur.execute(Q["due_tasks"], params)]
-        for t in found:
-            self.touched["tasks"].add(t.id)
-            self._seen(self.seen_tasks, "task", t.id, True)
-            self.tasks.setdefault(t.id, t)
-        return [t.id for t in found]
+        return self._due("tasks", params, CODEC.task, self.tasks)
 
     def due_schedules(self, now: int, limit: int) -> list[str]:
         return self._ids(Q["due_schedules"], (now, limit))
