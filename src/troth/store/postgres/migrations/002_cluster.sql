@@ -9,7 +9,7 @@
 -- * outbox.dest_*: the parsed poll:// address of a row (NULL for http(s) and for
 --   unparseable addresses, which any node may claim), so that a claim can filter on
 --   it without parsing text in SQL.  New rows get them from the server's own parser
---   (transport/address.py); the UPDATE below fills in rows written by version 1.
+--   (protocol/address.py); the UPDATE below fills in rows written by version 1.
 
 CREATE TABLE nodes (
     node TEXT COLLATE "C" PRIMARY KEY,
