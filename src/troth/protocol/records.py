@@ -15,6 +15,7 @@ from enum import StrEnum
 from typing import Final
 
 import msgspec
+from msgspec.structs import astuple
 
 Tags = dict[str, str]
 
@@ -81,6 +82,9 @@ class PromiseRecord(msgspec.Struct, frozen=True, omit_defaults=True, rename="cam
     settled_at: int | None = None
 
 
+_RECORD_FIELDS: Final = len(PromiseRecord.__struct_fields__)
+
+
 class Promise(PromiseRecord, frozen=True):
     """The stored promise: the record plus its two obligation ledgers (§2.2)."""
 
@@ -88,16 +92,8 @@ class Promise(PromiseRecord, frozen=True):
     listeners: tuple[str, ...] = ()
 
     def record(self) -> PromiseRecord:
-        return PromiseRecord(
-            id=self.id,
-            state=self.state,
-            param=self.param,
-            value=self.value,
-            tags=self.tags,
-            timeout_at=self.timeout_at,
-            created_at=self.created_at,
-            settled_at=self.settled_at,
-        )
+        """The record without the ledgers (its fields are this struct's first ones)."""
+        return PromiseRecord(*astuple(self)[:_RECORD_FIELDS])
 
     @property
     def pending(self) -> bool:

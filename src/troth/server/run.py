@@ -12,6 +12,7 @@ import sys
 
 from troth.machine.internal import Config
 from troth.outbox.types import DispatchConfig
+from troth.protocol.address import HTTP, HTTPS, POLL
 from troth.server.app import App
 from troth.server.cluster import default_node_id
 from troth.server.config import Settings
@@ -49,6 +50,7 @@ def build_app(settings: Settings, store: Store | None = None) -> App:
     node = settings.node_id or default_node_id()
     metrics.gauge("troth_sse_connections", lambda: float(registry.count()))
     http = HttpSender(settings.url)
+    poll = PollSender(registry, settings.url)
     config = DispatchConfig(
         worker_id=node,
         send_timeout=settings.send_timeout,
@@ -57,9 +59,7 @@ def build_app(settings: Settings, store: Store | None = None) -> App:
         retention=settings.outbox_retention,
         claim_timeout=max(120.0, settings.send_timeout * 4),
     )
-    delivery = DeliveryLoop(
-        engine, Router(PollSender(registry, settings.url), http), config, metrics
-    )
+    delivery = DeliveryLoop(engine, Router({POLL: poll, HTTP: http, HTTPS: http}), config, metrics)
 
     def committed(commit: Commit) -> None:
         metrics.inc("troth_commit_batches_total")

@@ -1,24 +1,24 @@
-"""Chooses the sender by the row's address scheme."""
+"""Chooses the sender by the row's address scheme (``protocol.address.scheme_of``)."""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 from troth.outbox import codes
 from troth.outbox.rows import OutboxRow
 from troth.outbox.types import Dispatched, OutboxSender, Permanent
-from troth.protocol.address import HTTP, HTTPS, POLL, scheme_of
+from troth.protocol.address import scheme_of
 
 
 class Router:
-    """``poll://`` → SSE, ``http(s)://`` → push; anything else can never be delivered."""
+    """One sender per scheme (``poll`` → SSE, ``http``/``https`` → push); a row whose
+    scheme has none can never be delivered (``Permanent``)."""
 
-    def __init__(self, poll: OutboxSender, http: OutboxSender) -> None:
-        self.poll = poll
-        self.http = http
+    def __init__(self, senders: Mapping[str, OutboxSender]) -> None:
+        self.senders = dict(senders)
 
     async def send(self, row: OutboxRow) -> Dispatched:
-        scheme = scheme_of(row.address)
-        if scheme == POLL:
-            return await self.poll.send(row)
-        if scheme in (HTTP, HTTPS):
-            return await self.http.send(row)
-        return Permanent(codes.BAD_ADDRESS)
+        sender = self.senders.get(scheme_of(row.address))
+        if sender is None:
+            return Permanent(codes.BAD_ADDRESS)
+        return await sender.send(row)

@@ -40,14 +40,8 @@ CREATE INDEX promises_branch ON promises (branch, id) WHERE branch IS NOT NULL;
 CREATE INDEX promises_undrained ON promises (id) WHERE undrained;
 
 CREATE TABLE tasks (
-    id TEXT COLLATE "C" PRIMARY KEY,
-    state TEXT NOT NULL,
-    version NUMERIC NOT NULL,
-    ttl NUMERIC,
-    pid TEXT,
-    expires_at NUMERIC,
-    retry_at NUMERIC,
-    resumes TEXT NOT NULL
+    id TEXT COLLATE "C" PRIMARY KEY, state TEXT NOT NULL, version NUMERIC NOT NULL,
+    ttl NUMERIC, pid TEXT, expires_at NUMERIC, retry_at NUMERIC, resumes TEXT NOT NULL
 );
 
 -- A task has one live deadline: retry_at while pending, expires_at while acquired.
@@ -55,15 +49,9 @@ CREATE INDEX tasks_retry ON tasks (retry_at, id) WHERE state = 'pending';
 CREATE INDEX tasks_expiry ON tasks (expires_at, id) WHERE state = 'acquired';
 
 CREATE TABLE schedules (
-    id TEXT COLLATE "C" PRIMARY KEY,
-    cron TEXT NOT NULL,
-    promise_id TEXT NOT NULL,
-    promise_timeout NUMERIC NOT NULL,
-    promise_param TEXT NOT NULL,
-    promise_tags TEXT NOT NULL,
-    created_at NUMERIC NOT NULL,
-    next_run_at NUMERIC NOT NULL,
-    last_run_at NUMERIC
+    id TEXT COLLATE "C" PRIMARY KEY, cron TEXT NOT NULL, promise_id TEXT NOT NULL,
+    promise_timeout NUMERIC NOT NULL, promise_param TEXT NOT NULL, promise_tags TEXT NOT NULL,
+    created_at NUMERIC NOT NULL, next_run_at NUMERIC NOT NULL, last_run_at NUMERIC
 );
 
 CREATE INDEX schedules_next_run ON schedules (next_run_at, id);
