@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-import pg
-from support import RunningServer, running_server
+from helpers import pg
+from helpers.support import RunningServer, running_server
 from troth.server.config import Settings
 
 BACKENDS = ["memory", "sqlite", "postgres"]
@@ -19,7 +19,7 @@ def shared_server(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[RunningServer]:
     """One server per backend for the whole session; postgres on a throwaway database
-    (tests/pg.py: created here, dropped at session end; unreachable is an error)."""
+    (tests/helpers/pg.py: created here, dropped at session end; unreachable is an error)."""
     db = Path(tmp_path_factory.mktemp("db")) / "troth.db"
     database = pg.create_database("troth_server") if request.param == "postgres" else None
     try:

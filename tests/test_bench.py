@@ -18,7 +18,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from pg import ADMIN_URL
+from helpers.pg import ADMIN_URL
 from troth.bench import drivers, peers, runner, workloads
 from troth.bench import pg as bench_pg
 from troth.bench.client import BenchFailure, Client

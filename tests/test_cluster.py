@@ -19,9 +19,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from pg import throwaway_database
-from sse import stream
-from support import RunningServer, running_server
+from helpers.pg import throwaway_database
+from helpers.sse import stream
+from helpers.support import RunningServer, running_server
 from troth.outbox import codes
 from troth.server.cluster import Cluster
 from troth.server.config import Settings

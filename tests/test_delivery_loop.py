@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 
-from support import running_server
+from helpers.support import running_server
 from test_transport import hook_server
 from troth.server.config import Settings
 

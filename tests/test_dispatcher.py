@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-import pg
+from helpers import pg
 from troth.machine.internal import Config
 from troth.outbox import codes
 from troth.outbox.dispatcher import OutboxDispatcher

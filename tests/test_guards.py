@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from support import RunningServer
+from helpers.support import RunningServer
 
 TARGET = "poll://any@workers"
 TGT = {"resonate:target": TARGET}

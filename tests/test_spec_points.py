@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from support import RunningServer
+from helpers.support import RunningServer
 
 TARGET = "poll://any@workers"
 TGT = {"resonate:target": TARGET}

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-import pg
+from helpers import pg
 from troth.protocol.records import (
     Execute,
     Promise,

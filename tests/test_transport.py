@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from sse import stream
-from support import RunningServer, free_port, running_server
+from helpers.sse import stream
+from helpers.support import RunningServer, free_port, running_server
 from troth.outbox.types import Completed, Permanent, Retryable, Unknown
 from troth.protocol.records import Execute, OutboxEntry
 from troth.server.config import Settings
