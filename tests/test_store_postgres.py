@@ -26,7 +26,7 @@ import psycopg
 import pytest
 
 from helpers import pg
-from test_store_contract import EXT, Model, outcomes_of, promise, put, run, schedule
+from helpers.store_jobs import EXT, Model, outcomes_of, promise, put, run, schedule
 from troth.machine.core import handle, lock_keys
 from troth.machine.internal import Config
 from troth.machine.state import Response
