@@ -21,20 +21,20 @@ def shared_server(
     """One server per backend for the whole session; postgres on a throwaway database
     (tests/helpers/pg.py: created here, dropped at session end; unreachable is an error)."""
     db = Path(tmp_path_factory.mktemp("db")) / "troth.db"
-    database = pg.create_database("troth_server") if request.param == "postgres" else None
+    url = pg.create_database("troth_server") if request.param == "postgres" else None
     try:
         settings = Settings(
             store=request.param,
             db=str(db),
-            postgres_url=pg.url_of(database) if database else "",
+            postgres_url=url or "",
             debug=True,
             access_log=False,
         )
         with running_server(settings) as server:
             yield server
     finally:
-        if database is not None:
-            pg.drop_database(database)
+        if url is not None:
+            pg.drop_database(url)
 
 
 @pytest.fixture

@@ -5,68 +5,41 @@ dropped afterwards.  An unreachable server is an error, never a skip: CI starts
 PostgreSQL (``.ci/run``), and a silently skipped backend is an untested one.
 
 ``TROTH_TEST_POSTGRES`` names the maintenance database to connect to (default: the
-local cluster, user ``postgres``, database ``postgres``).
+local cluster, user ``postgres``, database ``postgres``).  The databases are made and
+dropped by :mod:`troth.bench.pg`, the bench's throwaway databases; this module names
+the tests' server and what to do when it is unreachable.
 """
 
 from __future__ import annotations
 
 import os
-import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 
-import psycopg
-from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
-
+from troth.bench import pg as bench_pg
 from troth.store.postgres import PostgresStore
 
 ADMIN_URL = os.environ.get("TROTH_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 HOW_TO_START = "pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start"
 
-
-def _admin() -> psycopg.Connection[tuple[object, ...]]:
-    try:
-        return psycopg.connect(ADMIN_URL, autocommit=True, connect_timeout=5)
-    except psycopg.OperationalError as exc:
-        raise RuntimeError(
-            f"PostgreSQL is unreachable at {ADMIN_URL} ({exc}); the postgres tests need it. "
-            f"Start it with: {HOW_TO_START} (or set TROTH_TEST_POSTGRES)"
-        ) from exc
-
-
-def url_of(name: str) -> str:
-    """The connection string of database ``name`` on the admin URL's server."""
-    params = conninfo_to_dict(ADMIN_URL)
-    params["dbname"] = name
-    return make_conninfo("", **params)
+UNREACHABLE = (
+    f"the postgres tests need it. Start it with: {HOW_TO_START} (or set TROTH_TEST_POSTGRES)"
+)
 
 
 def create_database(prefix: str = "troth_test") -> str:
-    """Create an empty database with a random name; return its name."""
-    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
-    with _admin() as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    return name
+    """Create an empty database with a random name; return its connection string."""
+    return bench_pg.create_database(ADMIN_URL, prefix, hint=UNREACHABLE)
 
 
-def drop_database(name: str) -> None:
+def drop_database(url: str) -> None:
     """Drop it, disconnecting whatever is still connected (a test that failed midway)."""
-    with _admin() as conn:
-        conn.execute(
-            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-        )
+    bench_pg.drop_database(ADMIN_URL, url, hint=UNREACHABLE)
 
 
-@contextmanager
-def throwaway_database(prefix: str = "troth_test") -> Iterator[str]:
+def throwaway_database(prefix: str = "troth_test") -> AbstractContextManager[str]:
     """A fresh database's connection string for the ``with`` block; dropped after."""
-    name = create_database(prefix)
-    try:
-        yield url_of(name)
-    finally:
-        drop_database(name)
+    return bench_pg.throwaway(ADMIN_URL, prefix, hint=UNREACHABLE)
 
 
 def fresh_store(url: str) -> PostgresStore:
