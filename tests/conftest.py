@@ -1,4 +1,5 @@
-"""Shared fixtures: a debug server per backend, reset before each test."""
+"""Shared fixtures: a debug server per backend, reset before each test; a throwaway
+PostgreSQL database per test module."""
 
 from __future__ import annotations
 
@@ -35,6 +36,14 @@ def shared_server(
     finally:
         if url is not None:
             pg.drop_database(url)
+
+
+@pytest.fixture(scope="module")
+def pg_url() -> Iterator[str]:
+    """One throwaway PostgreSQL database per test module (each test empties it, e.g. with
+    ``pg.fresh_store``); dropped when the module is done."""
+    with pg.throwaway_database() as url:
+        yield url
 
 
 @pytest.fixture

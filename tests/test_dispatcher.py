@@ -54,13 +54,6 @@ STORES: dict[str, Callable[[Path], Store]] = {
 }
 
 
-@pytest.fixture(scope="module")
-def pg_url() -> Iterator[str]:
-    """One throwaway PostgreSQL database for the module (each test TRUNCATEs it)."""
-    with pg.throwaway_database() as url:
-        yield url
-
-
 @pytest.fixture(params=sorted([*STORES, "postgres"]))
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
     if request.param == "postgres":

@@ -32,13 +32,6 @@ from troth.store.sqlite import SqliteStore
 # -- helpers ---------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def pg_url() -> Iterator[str]:
-    """One throwaway PostgreSQL database for the module (each test TRUNCATEs it)."""
-    with pg.throwaway_database() as url:
-        yield url
-
-
 @pytest.fixture(params=["memory", "sqlite", "postgres"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
     if request.param == "postgres":

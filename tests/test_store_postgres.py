@@ -42,12 +42,6 @@ from troth.store.rows import settle_one
 from troth.transport.address import PollAddress, parse_poll
 
 
-@pytest.fixture(scope="module")
-def pg_url() -> Iterator[str]:
-    with pg.throwaway_database() as url:
-        yield url
-
-
 @pytest.fixture
 def store(pg_url: str) -> Iterator[PostgresStore]:
     s = pg.fresh_store(pg_url)
