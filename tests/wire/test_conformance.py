@@ -37,7 +37,7 @@ import pytest
 from helpers.conformance_cases import AT_QUIESCENCE
 from helpers.support import RunningServer
 
-CORPUS = Path(__file__).resolve().parents[1].parent / "shared" / "conformance" / "corpus"
+CORPUS = Path(__file__).resolve().parents[2].parent / "shared" / "conformance" / "corpus"
 MISSING = "corpus-missing"
 
 
