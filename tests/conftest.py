@@ -1,4 +1,5 @@
-"""Shared fixtures: a debug server per backend, reset before each test."""
+"""Shared fixtures: a debug server per backend, reset before each test; a throwaway
+PostgreSQL database per test module."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-import pg
-from support import RunningServer, running_server
+from helpers import pg
+from helpers.support import RunningServer, running_server
 from troth.server.config import Settings
 
 BACKENDS = ["memory", "sqlite", "postgres"]
@@ -19,22 +20,30 @@ def shared_server(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[RunningServer]:
     """One server per backend for the whole session; postgres on a throwaway database
-    (tests/pg.py: created here, dropped at session end; unreachable is an error)."""
+    (tests/helpers/pg.py: created here, dropped at session end; unreachable is an error)."""
     db = Path(tmp_path_factory.mktemp("db")) / "troth.db"
-    database = pg.create_database("troth_server") if request.param == "postgres" else None
+    url = pg.create_database("troth_server") if request.param == "postgres" else None
     try:
         settings = Settings(
             store=request.param,
             db=str(db),
-            postgres_url=pg.url_of(database) if database else "",
+            postgres_url=url or "",
             debug=True,
             access_log=False,
         )
         with running_server(settings) as server:
             yield server
     finally:
-        if database is not None:
-            pg.drop_database(database)
+        if url is not None:
+            pg.drop_database(url)
+
+
+@pytest.fixture(scope="module")
+def pg_url() -> Iterator[str]:
+    """One throwaway PostgreSQL database per test module (each test empties it, e.g. with
+    ``pg.fresh_store``); dropped when the module is done."""
+    with pg.throwaway_database() as url:
+        yield url
 
 
 @pytest.fixture

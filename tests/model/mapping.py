@@ -31,7 +31,7 @@ from typing import Any, NoReturn
 
 import httpx
 
-import pg
+from helpers import pg
 from model import machine as m
 from model.properties import (
     internal_failures,
@@ -177,9 +177,9 @@ def state_diff(model: m.State, troth: m.State) -> list[str]:
 class Troth:
     """A real troth app (debug mode) on its own event loop thread, driven over ASGI.
 
-    PostgreSQL runs on a throwaway database of its own (``tests/pg.py``), created here
-    and dropped by :meth:`close`; ``debug.reset`` empties it (a TRUNCATE) between
-    scripts.
+    PostgreSQL runs on a throwaway database of its own (``tests/helpers/pg.py``),
+    created here and dropped by :meth:`close`; ``debug.reset`` empties it (a TRUNCATE)
+    between scripts.
     """
 
     def __init__(self, store: str) -> None:
@@ -189,7 +189,7 @@ class Troth:
         settings = Settings(
             store=store,
             db=str(Path(self.dir.name) / "troth.db"),
-            postgres_url=pg.url_of(self.database) if self.database else "",
+            postgres_url=self.database or "",
             debug=True,
             access_log=False,
         )

@@ -77,41 +77,44 @@ def dbname_of(url: str) -> str:
     return str(conninfo_to_dict(url).get("dbname") or "")
 
 
-def _admin(base: str) -> psycopg.Connection[tuple[Any, ...]]:
+#: What the error of an unreachable server tells the bench's user to do.  The tests'
+#: throwaway databases (tests/helpers/pg.py) are these, with their own hint.
+BENCH_HINT = "the postgres bench needs a server (give one with --postgres-url)"
+
+
+def _admin(base: str, hint: str = BENCH_HINT) -> psycopg.Connection[tuple[Any, ...]]:
     try:
         return psycopg.connect(base, autocommit=True, connect_timeout=10)
     except psycopg.OperationalError as exc:
-        raise RuntimeError(
-            f"PostgreSQL is unreachable at {base} ({exc}); the postgres bench needs a server"
-            " (give one with --postgres-url)"
-        ) from exc
+        raise RuntimeError(f"PostgreSQL is unreachable at {base} ({exc}); {hint}") from exc
 
 
-def create_database(base: str, prefix: str = "troth_bench") -> str:
+def create_database(base: str, prefix: str = "troth_bench", *, hint: str = BENCH_HINT) -> str:
     """Create an empty database on ``base``'s server; returns its connection string."""
     name = f"{prefix}_{uuid.uuid4().hex[:10]}"
-    with _admin(base) as conn:
+    with _admin(base, hint) as conn:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     return url_of(base, name)
 
 
-def drop_database(base: str, url: str) -> None:
-    """Drop the database of ``url``, disconnecting whatever still holds it."""
+def drop_database(base: str, url: str, *, hint: str = BENCH_HINT) -> None:
+    """Drop the database of ``url``, disconnecting whatever still holds it (a run or a
+    test that failed midway)."""
     name = dbname_of(url)
-    with _admin(base) as conn:
+    with _admin(base, hint) as conn:
         conn.execute(
             sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
         )
 
 
 @contextmanager
-def throwaway(base: str, prefix: str = "troth_bench") -> Iterator[str]:
+def throwaway(base: str, prefix: str = "troth_bench", *, hint: str = BENCH_HINT) -> Iterator[str]:
     """A fresh database for the ``with`` block, dropped after it."""
-    url = create_database(base, prefix)
+    url = create_database(base, prefix, hint=hint)
     try:
         yield url
     finally:
-        drop_database(base, url)
+        drop_database(base, url, hint=hint)
 
 
 def server_version(base: str) -> str:

@@ -352,9 +352,11 @@ def target_lines(
     return [title, *table(["target", "this run", ""], rows)]
 
 
-def issue6_lines(results: Sequence[Result], peers: Sequence[Result], limits: Limits) -> list[str]:
-    """The targets of issue 6: troth's lifecycle on one node at least PgQueuer's
-    single-job end-to-end rate, and two nodes faster than one."""
+def postgres_target_lines(
+    results: Sequence[Result], peers: Sequence[Result], limits: Limits
+) -> list[str]:
+    """The targets on PostgreSQL (issue 6): troth's lifecycle on one node at least
+    PgQueuer's single-job end-to-end rate, and two nodes faster than one."""
 
     def rate_of(name: str, nodes: int, line: str) -> float | None:
         for r in results:

@@ -45,9 +45,9 @@ from troth.bench.pg import (
 from troth.bench.procs import ServerProcess
 from troth.bench.profile import Profiler, render
 from troth.bench.report import (
-    issue6_lines,
     limits_lines,
     mb,
+    postgres_target_lines,
     result_lines,
     scale_lines,
     summary_lines,
@@ -281,7 +281,7 @@ class Bench:
         if self.report.scale:
             self.say(*scale_lines(self.report.scale), "")
         if opts.store == "postgres" or opts.peers:
-            self.say(*issue6_lines(self.report.results, self.report.peers, limits))
+            self.say(*postgres_target_lines(self.report.results, self.report.peers, limits))
         else:
             self.say(
                 *target_lines(

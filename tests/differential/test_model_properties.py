@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from helpers.support import RunningServer
 from model import machine as m
 from model.machine import (
     ACQUIRED,
@@ -50,7 +51,6 @@ from model.properties import (
     trans_failures,
     well_formed_config_retry_positive,
 )
-from support import RunningServer
 from troth.server.config import ConfigError, Settings
 
 TGT = {"resonate:target": "poll://any@w"}

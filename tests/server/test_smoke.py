@@ -1,6 +1,6 @@
 """A first end-to-end check that the server answers over a real socket."""
 
-from support import RunningServer
+from helpers.support import RunningServer
 
 
 def test_create_then_get(server: RunningServer) -> None:

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from support import RunningServer
+from helpers.support import RunningServer
 
 FAR = 10**13
 LINE = re.compile(r"acquired task=(\S+) version=(\d+) pid=(\S+) corrId=\S+ via=(\S+)")

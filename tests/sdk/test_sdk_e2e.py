@@ -5,7 +5,7 @@ checks it against the clients people actually run: ``resonate-sdk`` 0.8.1 (Pytho
 3.12) and ``@resonatehq/sdk`` 0.11.5 (Node), over real sockets, with the server in
 its own process on a SQLite file, so that killing it (or a worker) is a real crash.
 
-The environments are built once and cached (see ``sdk_env``); each test starts its
+The environments are built once and cached (see ``helpers.sdk_env``); each test starts its
 own server on a fresh database and a free port, so tests share no state and the
 Python and TypeScript ``workers`` groups never meet.  Expected outputs are the
 exact lines the example programs print in the SDKs' own in-process mode
@@ -23,8 +23,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from sdk_env import NodeSdk, Proc, Procs, PythonSdk, build_node_sdk, build_python_sdk
-from troth_process import TrothProcess
+from helpers.sdk_env import NodeSdk, Proc, Procs, PythonSdk, build_node_sdk, build_python_sdk
+from helpers.troth_process import TrothProcess
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -34,11 +34,11 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SDK_PROGRAMS = REPO / "tests" / "sdk"
 #: The example programs live in shared/ beside the repository (as the conformance
 #: corpus does); tests/sdk/ holds only troth's own drivers and the polyfill.
-SHARED_EXAMPLES = Path(__file__).resolve().parents[1].parent / "shared" / "sdk-examples"
+SHARED_EXAMPLES = REPO.parent / "shared" / "sdk-examples"
 
 
 def program_path(name: str) -> Path:

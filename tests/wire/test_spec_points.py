@@ -16,25 +16,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from support import RunningServer
-
-TARGET = "poll://any@workers"
-TGT = {"resonate:target": TARGET}
-EXT = {"resonate:external": "true"}
-TIMER = {"resonate:timer": "true"}
-RETRY = 5000  # the server's retryTimeout (SPEC.md §2.2 ServerConfig)
-
+from helpers.support import RunningServer
+from helpers.wire import EXT, RETRY, TGT, TIMER, action, execute, rc, rows, stored_task
 
 # ----------------------------------------------------------------------------- helpers
-
-
-def action(kind: str, data: dict[str, Any]) -> dict[str, Any]:
-    """A nested request envelope (task.create / fence / suspend / fulfill actions)."""
-    return {"kind": kind, "head": {}, "data": data}
-
-
-def rc(awaited: str, awaiter: str) -> dict[str, Any]:
-    return action("promise.register_callback", {"awaited": awaited, "awaiter": awaiter})
 
 
 def record(
@@ -111,36 +96,11 @@ def task_create(
     return body
 
 
-def stored_task(server: RunningServer, id: str) -> dict[str, Any]:
-    rows = [t for t in server.snap()["tasks"] if t["id"] == id]
-    assert len(rows) == 1, rows
-    row: dict[str, Any] = rows[0]
-    return row
-
-
 def stored_promise(server: RunningServer, id: str) -> dict[str, Any]:
     rows = [p for p in server.snap()["promises"] if p["id"] == id]
     assert len(rows) == 1, rows
     row: dict[str, Any] = rows[0]
     return row
-
-
-def execute(id: str, version: int, created_at: int, address: str = TARGET) -> dict[str, Any]:
-    """What ``server.outbox()[id]`` must hold for an execute (row id not compared)."""
-    return {
-        "key": id,
-        "address": address,
-        "message": {"kind": "execute", "taskId": id, "version": version},
-        "createdAt": created_at,
-    }
-
-
-def rows(server: RunningServer) -> dict[str, dict[str, Any]]:
-    """Pending outbox rows by key, without the row id / delivery bookkeeping."""
-    return {
-        k: {f: r[f] for f in ("key", "address", "message", "createdAt")}
-        for k, r in server.outbox().items()
-    }
 
 
 def get_promise(server: RunningServer, id: str, now: int) -> dict[str, Any]:

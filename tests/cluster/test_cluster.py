@@ -19,9 +19,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from pg import throwaway_database
-from sse import stream
-from support import RunningServer, running_server
+from helpers.pg import throwaway_database
+from helpers.sse import stream
+from helpers.support import RunningServer, running_server
 from troth.outbox import codes
 from troth.server.cluster import Cluster
 from troth.server.config import Settings
@@ -203,9 +203,12 @@ def test_a_dead_nodes_presence_stops_counting_and_its_claims_are_reaped(
     create(a, "haunt", "poll://uni@g/haunted")
     wait_for("an attempt", lambda: outbox_row(url, "haunt")["attempts"] >= 1)
     with psycopg.connect(url, autocommit=True) as conn:
+        # Claimed just now: the claim-timeout reaper (claims older than 120 s) must not
+        # be the one that frees it; only the ghost's death may.
         conn.execute(
             "UPDATE outbox SET state = 'dispatching', claim_token = 'tok', claimed_by = 'ghost',"
-            " claimed_at = 0 WHERE key = 'haunt'"
+            " claimed_at = round(extract(epoch FROM clock_timestamp()) * 1000)"
+            " WHERE key = 'haunt'"
         )
     wait_for(
         "the ghost's claim to be reaped", lambda: outbox_row(url, "haunt")["state"] != "dispatching"

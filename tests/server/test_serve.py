@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 
-from support import VERSION, free_port
+from helpers.support import VERSION, free_port
 
 
 @contextmanager

@@ -7,20 +7,14 @@ separated by a blank line with LF only, every ``data:`` line is one JSON message
 from __future__ import annotations
 
 import asyncio
-import http.server
-import json
 import queue
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any
 
 import pytest
 
-from sse import stream
-from support import RunningServer, free_port, running_server
+from helpers.hook import hook_server
+from helpers.sse import stream
+from helpers.support import RunningServer, free_port, running_server
 from troth.outbox.rows import OutboxRow
 from troth.outbox.types import Completed, Permanent, Retryable, Unknown
 from troth.protocol.address import PollAddress, parse_poll
@@ -145,42 +139,6 @@ def test_poll_address_parsing() -> None:
 
 
 # --------------------------------------------------------------------- HTTP push
-
-
-@dataclass
-class Hook:
-    port: int
-    seen: list[tuple[dict[str, str], dict[str, Any]]]
-    status: list[int]
-
-
-@contextmanager
-def hook_server(delay: float = 0.0) -> Iterator[Hook]:
-    seen: list[tuple[dict[str, str], dict[str, Any]]] = []
-    status = [200]
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            length = int(self.headers["content-length"])
-            body = json.loads(self.rfile.read(length))
-            seen.append(({k.lower(): v for k, v in self.headers.items()}, body))
-            time.sleep(delay)
-            self.send_response(status[0])
-            self.send_header("content-length", "0")
-            self.end_headers()
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    port = free_port()
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
-    t = threading.Thread(target=httpd.serve_forever, daemon=True)
-    t.start()
-    try:
-        yield Hook(port, seen, status)
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
 
 
 def test_http_push_posts_the_message_with_its_idempotency_key(live: RunningServer) -> None:

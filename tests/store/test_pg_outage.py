@@ -1,6 +1,6 @@
 """PostgreSQL going away and coming back under a running node.
 
-The node reaches the database through a TCP proxy (``tests/lb.py``) that the test
+The node reaches the database through a TCP proxy (``tests/helpers/lb.py``) that the test
 stops and starts on the same port, which is what a database restart looks like to
 the node: connections cut, then refused, then accepted again.  While it is away,
 requests get 503 with a message and ``/ready`` says 503; afterwards the node
@@ -20,9 +20,9 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from lb import LoadBalancer
-from pg import throwaway_database
-from support import VERSION, RunningServer, running_server
+from helpers.lb import LoadBalancer
+from helpers.pg import throwaway_database
+from helpers.support import VERSION, RunningServer, running_server
 from troth.server.config import Settings
 
 FAR = 10**13

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from support import RunningServer, running_server
+from helpers.support import RunningServer, running_server
 from troth.server.config import Settings
 
 

@@ -18,20 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from support import RunningServer
-
-TARGET = "poll://any@workers"
-TGT = {"resonate:target": TARGET}
-EXT = {"resonate:external": "true"}
-RETRY = 5000  # the server's retryTimeout
-
-
-def action(kind: str, data: dict[str, Any]) -> dict[str, Any]:
-    return {"kind": kind, "head": {}, "data": data}
-
-
-def rc(awaited: str, awaiter: str) -> dict[str, Any]:
-    return action("promise.register_callback", {"awaited": awaited, "awaiter": awaiter})
+from helpers.support import RunningServer
+from helpers.wire import EXT, RETRY, TGT, action, execute, rc, rows, stored_task
 
 
 def create(
@@ -66,23 +54,6 @@ def suspend(server: RunningServer, id: str, version: int, awaited: list[str], no
     assert server.call("task.suspend", body, now) == (200, {})
 
 
-def rows(server: RunningServer) -> dict[str, dict[str, Any]]:
-    """Pending outbox rows by key: key, address, message, createdAt."""
-    return {
-        k: {f: r[f] for f in ("key", "address", "message", "createdAt")}
-        for k, r in server.outbox().items()
-    }
-
-
-def execute(id: str, version: int, created_at: int, address: str = TARGET) -> dict[str, Any]:
-    return {
-        "key": id,
-        "address": address,
-        "message": {"kind": "execute", "taskId": id, "version": version},
-        "createdAt": created_at,
-    }
-
-
 def unblock(promise: dict[str, Any], address: str, created_at: int) -> dict[str, Any]:
     key = f"{promise['id']}:notify:{address}"
     return {
@@ -91,13 +62,6 @@ def unblock(promise: dict[str, Any], address: str, created_at: int) -> dict[str,
         "message": {"kind": "unblock", "promise": promise},
         "createdAt": created_at,
     }
-
-
-def stored_task(server: RunningServer, id: str) -> dict[str, Any]:
-    found = [t for t in server.snap()["tasks"] if t["id"] == id]
-    assert len(found) == 1, found
-    row: dict[str, Any] = found[0]
-    return row
 
 
 def settled(

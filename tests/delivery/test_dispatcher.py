@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-import pg
+from helpers import pg
 from troth.machine.internal import Config
 from troth.outbox import codes
 from troth.outbox.dispatcher import OutboxDispatcher
@@ -53,13 +53,6 @@ STORES: dict[str, Callable[[Path], Store]] = {
     "memory": lambda _: MemoryStore(),
     "sqlite": make_sqlite,
 }
-
-
-@pytest.fixture(scope="module")
-def pg_url() -> Iterator[str]:
-    """One throwaway PostgreSQL database for the module (each test TRUNCATEs it)."""
-    with pg.throwaway_database() as url:
-        yield url
 
 
 @pytest.fixture(params=sorted([*STORES, "postgres"]))

@@ -14,8 +14,8 @@ from typing import Any
 
 import httpx
 
-from sdk_env import Proc, Procs
-from support import VERSION, free_port
+from helpers.sdk_env import Proc, Procs
+from helpers.support import VERSION, free_port
 
 _corr = itertools.count(1)
 

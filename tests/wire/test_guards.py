@@ -14,17 +14,10 @@ from typing import Any
 
 import pytest
 
-from support import RunningServer
+from helpers.support import RunningServer
+from helpers.wire import EXT, TGT, TIMER, action
 
-TARGET = "poll://any@workers"
-TGT = {"resonate:target": TARGET}
-EXT = {"resonate:external": "true"}
-TIMER = {"resonate:timer": "true"}
 CRON = "*/10 * * * * *"
-
-
-def action(kind: str, data: dict[str, Any]) -> dict[str, Any]:
-    return {"kind": kind, "head": {}, "data": data}
 
 
 def rc(awaited: str, awaiter: str = "x") -> dict[str, Any]:

@@ -7,7 +7,7 @@ with real processes:
 
 * a throwaway PostgreSQL database and three ``troth serve --store postgres``
   processes on it (``n1``, ``n2``, ``n3``);
-* a TCP load balancer (``tests/lb.py``) in front of ``n1`` and ``n2``, through
+* a TCP load balancer (``tests/helpers/lb.py``) in front of ``n1`` and ``n2``, through
   which three ``resonate-sdk`` 0.8.1 worker processes (group ``workers``) hold
   their SSE streams and send their requests; round robin spreads each worker's
   connections over both nodes;
@@ -58,10 +58,10 @@ import httpx
 import psycopg
 import pytest
 
-from lb import LoadBalancer
-from pg import throwaway_database
-from sdk_env import Proc, Procs, PythonSdk, build_python_sdk
-from troth_process import TrothProcess
+from helpers.lb import LoadBalancer
+from helpers.pg import throwaway_database
+from helpers.sdk_env import Proc, Procs, PythonSdk, build_python_sdk
+from helpers.troth_process import TrothProcess
 
 pytestmark = pytest.mark.timeout(150)
 

@@ -8,7 +8,7 @@ answered with an error; deadlocks and creation races resolve; due lists and outb
 claims skip what another node holds.  "Nodes" are stores, each with its own
 connection, driven from threads.
 
-PostgreSQL must be reachable (tests/pg.py): these tests fail, not skip, without it.
+PostgreSQL must be reachable (tests/helpers/pg.py): these tests fail, not skip, without it.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from typing import Any
 import psycopg
 import pytest
 
-import pg
-from test_store_contract import EXT, Model, outcomes_of, promise, put, run, schedule
+from helpers import pg
+from helpers.store_jobs import EXT, Model, outcomes_of, promise, put, run, schedule
 from troth.machine.core import handle, lock_keys
 from troth.machine.internal import Config
 from troth.machine.state import Response
@@ -49,12 +49,6 @@ def migrations() -> tuple[Migration, ...]:
 
 def latest_version() -> int:
     return len(migrations())
-
-
-@pytest.fixture(scope="module")
-def pg_url() -> Iterator[str]:
-    with pg.throwaway_database() as url:
-        yield url
 
 
 @pytest.fixture
@@ -698,7 +692,7 @@ def test_settings_open_a_postgres_store(pg_url: str) -> None:
 
 
 def test_an_unreachable_server_fails_loudly(monkeypatch: pytest.MonkeyPatch) -> None:
-    """tests/pg.py raises (never skips) when PostgreSQL is down, naming the fix."""
+    """tests/helpers/pg.py raises (never skips) when PostgreSQL is down, naming the fix."""
     monkeypatch.setattr(pg, "ADMIN_URL", "postgresql://postgres@127.0.0.1:1/postgres")
     with pytest.raises(RuntimeError, match="pg_ctlcluster"):
         pg.create_database()

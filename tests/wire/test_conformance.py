@@ -21,7 +21,7 @@ eagerly and may hold later re-dispatches.
 
 Task-facing answers may legitimately show a later stage of the wake pipeline than the
 recording (troth is at quiescence at every observation).  Such cases are listed in
-``conformance_cases.AT_QUIESCENCE`` with a reason and the answer expected *after* the
+``helpers.conformance_cases.AT_QUIESCENCE`` with a reason and the answer expected *after* the
 step; troth must give exactly that answer.
 """
 
@@ -34,10 +34,10 @@ from typing import Any
 
 import pytest
 
-from conformance_cases import AT_QUIESCENCE
-from support import RunningServer
+from helpers.conformance_cases import AT_QUIESCENCE
+from helpers.support import RunningServer
 
-CORPUS = Path(__file__).resolve().parents[1].parent / "shared" / "conformance" / "corpus"
+CORPUS = Path(__file__).resolve().parents[2].parent / "shared" / "conformance" / "corpus"
 MISSING = "corpus-missing"
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from support import RunningServer
+from helpers.support import RunningServer
 
 
 @dataclass

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import time
 
-from support import running_server
-from test_transport import hook_server
+from helpers.hook import hook_server
+from helpers.support import running_server
 from troth.server.config import Settings
 
 

@@ -17,7 +17,7 @@ always well-typed JSON: wire-level garbage is test_wire.py's business.
 
 A failure shrinks, and its message ends with a replayable script,
 ``replay('memory', [...])`` (``model.mapping.replay``), ready to paste into
-``tests/test_regressions.py``.
+``tests/differential/test_regressions.py``.
 
 Run length (docs/testing.md): the default is fixed and derandomised (the same 200
 examples on memory and on SQLite on every run, about 35 s for both, and

@@ -18,7 +18,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from pg import ADMIN_URL
+from helpers.pg import ADMIN_URL
 from troth.bench import drivers, peers, runner, workloads
 from troth.bench import pg as bench_pg
 from troth.bench.client import BenchFailure, Client
@@ -26,7 +26,7 @@ from troth.bench.measure import Samples
 from troth.bench.options import WORKLOADS, Options
 from troth.bench.pg import as_uri, url_of
 from troth.bench.profile import summarize
-from troth.bench.report import issue6_lines
+from troth.bench.report import postgres_target_lines
 from troth.bench.results import Limits, Result, Series
 from troth.bench.workloads import Ledger
 
@@ -273,13 +273,13 @@ def test_pgqueuer_peer_runs_tiny_and_verifies(tmp_path: Path) -> None:
     assert batched.checks and batched.line("drain").count == 300  # type: ignore[union-attr]
 
 
-def test_issue6_targets_compare_nodes_and_the_peer() -> None:
+def test_postgres_targets_compare_nodes_and_the_peer() -> None:
     def result(name: str, nodes: int, line: str, count: int) -> Result:
         return Result(name, line, [Series(line, "x", count, 1.0)], nodes=nodes)
 
     results = [result("lifecycle", 1, "tasks", 900), result("lifecycle", 2, "tasks", 1500)]
     peer = Result("pgqueuer single", "jobs", [Series("jobs", "job", 1000, 1.0)], peer="pgqueuer")
-    text = "\n".join(issue6_lines(results, [peer], Limits()))
+    text = "\n".join(postgres_target_lines(results, [peer], Limits()))
     assert "900 tasks/s vs 1,000 jobs/s" in text and "NOT MET" in text
     assert "1,500 vs 900 tasks/s" in text and text.count(" met") == 1
 

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from support import VERSION, RunningServer, running_server
+from helpers.support import VERSION, RunningServer, running_server
 from troth.machine import core
 from troth.server.config import Settings
 
