@@ -95,6 +95,8 @@ TAGS = st.sampled_from(
         {**TGT, "resonate:delay": "soon"},  # parseNat garbage
         {"resonate:timer": "true", **TGT},  # 400, except inside a fence
         {"resonate:timer": "false", "resonate:external": "false"},
+        {"resonate:scope": "global", "resonate:branch": "br"},  # troth: external (TS SDK)
+        {"resonate:scope": "local"},  # not external
     ]
 )
 TARGETED = st.sampled_from([TGT, {**TGT, "resonate:branch": "br"}, {"resonate:target": "http://w"}])

@@ -18,7 +18,9 @@ Where the specification leaves a choice, the model follows troth's documented on
 * which internal steps fire when (``after_request`` and ``tick`` at the bottom);
 * served searches, ``preload``, schedules (cron, occurrence ids and tags);
 * reserved ids (``~…`` and ``""``) at every create door;
-* the fenced SDK sleep: timer + target inside ``task.fence`` is stored as a plain timer.
+* the fenced SDK sleep: timer + target inside ``task.fence`` is stored as a plain timer;
+* ``external`` also counts ``resonate:scope`` = ``"global"`` (the TypeScript SDK's
+  awaitable promises).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ TASK_STATES = (PENDING, ACQUIRED, SUSPENDED, HALTED, FULFILLED)
 TARGET = "resonate:target"
 TIMER = "resonate:timer"
 EXTERNAL = "resonate:external"
+SCOPE = "resonate:scope"
 DELAY = "resonate:delay"
 BRANCH = "resonate:branch"
 
@@ -232,7 +235,14 @@ def targeted(tags: Tags) -> bool:
 
 
 def external(tags: Tags) -> bool:
-    return tags.get(EXTERNAL) == "true" or targeted(tags) or is_timer(tags)
+    # troth: a promise tagged resonate:scope = "global" is external too (docs/protocol.md,
+    # "resonate:scope: global is external"); "local" or any other value is not.
+    return (
+        tags.get(EXTERNAL) == "true"
+        or targeted(tags)
+        or is_timer(tags)
+        or tags.get(SCOPE) == "global"
+    )
 
 
 def timer_targeted(tags: Tags) -> bool:

@@ -54,6 +54,7 @@ TASK_STATES: Final[frozenset[str]] = frozenset(TaskState)
 TAG_TARGET: Final = "resonate:target"
 TAG_TIMER: Final = "resonate:timer"
 TAG_EXTERNAL: Final = "resonate:external"
+TAG_SCOPE: Final = "resonate:scope"
 TAG_DELAY: Final = "resonate:delay"
 TAG_BRANCH: Final = "resonate:branch"
 TAG_SCHEDULE: Final = "resonate:schedule"
@@ -195,8 +196,20 @@ def message_key(address: str, message: Message) -> str:
 
 
 def is_external(tags: Tags) -> bool:
-    """External promises may take callbacks and listeners and carry a durable deadline."""
-    return tags.get(TAG_EXTERNAL) == "true" or TAG_TARGET in tags or tags.get(TAG_TIMER) == "true"
+    """External promises may take callbacks and listeners and carry a durable deadline.
+
+    SPEC.md §2.3: ``resonate:external`` exactly ``"true"``, or targeted, or a timer.
+    troth adds ``resonate:scope`` exactly ``"global"`` (docs/protocol.md): the
+    TypeScript SDK's ``ctx.promise()`` tags its awaitable promise only that way, and
+    that SDK's in-process server counts it as external.  ``"local"`` (or any other
+    value) is not.
+    """
+    return (
+        tags.get(TAG_EXTERNAL) == "true"
+        or TAG_TARGET in tags
+        or tags.get(TAG_TIMER) == "true"
+        or tags.get(TAG_SCOPE) == "global"
+    )
 
 
 def is_timer_targeted(tags: Tags) -> bool:
