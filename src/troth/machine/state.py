@@ -26,11 +26,11 @@ from troth.protocol.records import (
 )
 
 # The machine's names for the task states (defined once, in ``protocol.records``).
-FULFILLED: Final = TaskState.FULFILLED
-ACQUIRED: Final = TaskState.ACQUIRED
-SUSPENDED: Final = TaskState.SUSPENDED
-HALTED: Final = TaskState.HALTED
-TASK_PENDING: Final = TaskState.PENDING
+FULFILLED: Final = TaskState.FULFILLED.value
+ACQUIRED: Final = TaskState.ACQUIRED.value
+SUSPENDED: Final = TaskState.SUSPENDED.value
+HALTED: Final = TaskState.HALTED.value
+TASK_PENDING: Final = TaskState.PENDING.value
 
 #: Ids beginning with this character are reserved for schedule occurrences (§5.3):
 #: no client request may create one, so a client cannot pre-create an occurrence.

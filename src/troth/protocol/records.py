@@ -40,16 +40,18 @@ class TaskState(StrEnum):
     FULFILLED = "fulfilled"
 
 
-# The machine's names for them, read like the specification (``p.state == PENDING``).
-PENDING: Final = PromiseState.PENDING
-RESOLVED: Final = PromiseState.RESOLVED
-REJECTED: Final = PromiseState.REJECTED
-REJECTED_CANCELED: Final = PromiseState.REJECTED_CANCELED
-REJECTED_TIMEDOUT: Final = PromiseState.REJECTED_TIMEDOUT
+# The machine's names for them, read like the specification (``p.state == PENDING``):
+# plain strings (``.value``), so records hold ``str`` exactly — the fast path of msgspec,
+# sqlite3 and psycopg, which take a str subclass the slow way.
+PENDING: Final = PromiseState.PENDING.value
+RESOLVED: Final = PromiseState.RESOLVED.value
+REJECTED: Final = PromiseState.REJECTED.value
+REJECTED_CANCELED: Final = PromiseState.REJECTED_CANCELED.value
+REJECTED_TIMEDOUT: Final = PromiseState.REJECTED_TIMEDOUT.value
 
-PROMISE_STATES: Final[frozenset[str]] = frozenset(PromiseState)
+PROMISE_STATES: Final[frozenset[str]] = frozenset(s.value for s in PromiseState)
 SETTABLE_STATES: Final[frozenset[str]] = frozenset({RESOLVED, REJECTED, REJECTED_CANCELED})
-TASK_STATES: Final[frozenset[str]] = frozenset(TaskState)
+TASK_STATES: Final[frozenset[str]] = frozenset(s.value for s in TaskState)
 
 TAG_TARGET: Final = "resonate:target"
 TAG_TIMER: Final = "resonate:timer"
