@@ -314,3 +314,16 @@ def test_driver_comparison_runs_psycopg_and_reports_it() -> None:
     assert figure.transactions > 10 and figure.per_second > 0
     assert stored == (min(figure.transactions, drivers.IDS), figure.transactions - 1)
     assert "psycopg   off" in drivers.report([figure])
+
+
+def test_inproc_runs_every_workload_through_the_store_and_refuses_unknown_names(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from troth.bench import inproc
+
+    for name in inproc.WORKLOADS:
+        # Each step raises if a request is refused or a claimed row cannot be settled.
+        assert inproc.measure(name, 2 * inproc.BATCH) > 0
+    assert inproc.main(["lifecycle", "64"]) == 0
+    assert "µs CPU per request (64 promises)" in capsys.readouterr().out
+    assert inproc.main(["nonsense"]) == 2
