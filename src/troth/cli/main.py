@@ -1,4 +1,5 @@
-"""``troth serve``, ``troth dev`` and ``troth bench``.
+"""``troth serve``, ``troth dev``, ``troth bench``, and the client commands
+(``troth promises|tasks|schedules …``, ``troth invoke``: ``cli/client.py``).
 
 ``serve`` runs the server on the configured store (SQLite file ``troth.db`` by
 default).  ``dev`` is ``serve --debug`` on a fresh in-memory store: zero
@@ -13,6 +14,7 @@ from typing import Any
 
 from troth import __version__
 from troth.bench.options import add_bench_flags
+from troth.cli.client import add_client_commands, run_client
 from troth.server.config import ConfigError, Settings, load
 
 
@@ -79,7 +81,10 @@ def main(argv: list[str] | None = None) -> int:
     add_server_flags(dev)
     bench = sub.add_parser("bench", help="load-test a server (docs/benchmarks.md)")
     add_bench_flags(bench)
+    add_client_commands(sub)
     args = parser.parse_args(argv)
+    if getattr(args, "build", None) is not None:
+        return run_client(args)
     if args.command == "bench":
         from troth.bench.runner import run_from_args
 

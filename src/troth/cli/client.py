@@ -1,0 +1,413 @@
+"""The client commands: ``troth promises|tasks|schedules …`` and ``troth invoke``.
+
+Compatible with the Resonate CLI's commands and flags, so that scripts and habits
+carry over (``--server``/``-S`` or ``RESONATE_URL``, ``-T``/``--token`` or
+``RESONATE_TOKEN``, durations like ``1h`` or ``1m30s``, ``--value '{"data": …}'``
+whose ``data`` is base64-encoded as the SDKs send it).  They speak to a server over
+HTTP only, as any remote client does.  Output is for people by default and JSON
+with ``--json``.
+
+Exit codes: 0 done; 1 the server refused (its status and message on stderr);
+2 bad usage (a flag, a duration, a JSON argument); 3 the server did not answer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, Final
+
+from troth.cli.durations import parse_duration
+from troth.cli.remote import DEFAULT_SERVER, Remote, RemoteError, Unreachable
+from troth.cli.render import Renderer
+
+EXIT_REFUSED: Final = 1
+EXIT_USAGE: Final = 2
+EXIT_UNREACHABLE: Final = 3
+
+Request = tuple[str, dict[str, Any]]
+
+
+class Usage(Exception):
+    """A flag's value cannot be used (exit 2)."""
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def duration(text: str, flag: str) -> int:
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise Usage(f"{flag}: {exc}") from None
+
+
+def json_arg(text: str, flag: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise Usage(f"{flag} is not JSON: {exc}") from None
+
+
+def value_arg(text: str | None, flag: str) -> dict[str, Any] | None:
+    """A value flag (``{"headers": …, "data": …}``): ``data`` goes out base64-encoded,
+    a string as its text, anything else as its JSON."""
+    if text is None:
+        return None
+    value = json_arg(text, flag)
+    if not isinstance(value, dict):
+        raise Usage(f'{flag} must be a JSON object such as {{"data": "hello"}}')
+    if "data" in value and value["data"] is not None:
+        data = value["data"]
+        raw = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+        value["data"] = base64.b64encode(raw.encode()).decode()
+    return value
+
+
+def tags_arg(text: str | None, flag: str) -> dict[str, str] | None:
+    if text is None:
+        return None
+    tags = json_arg(text, flag)
+    if not isinstance(tags, dict) or not all(isinstance(v, str) for v in tags.values()):
+        raise Usage(f'{flag} must be a JSON object of strings such as {{"k": "v"}}')
+    return tags
+
+
+def _with(data: dict[str, Any], **optional: Any) -> dict[str, Any]:
+    data.update({k: v for k, v in optional.items() if v is not None})
+    return data
+
+
+# -- promises ---------------------------------------------------------------------------------
+
+
+def promise_create(a: argparse.Namespace) -> Request:
+    data = _with(
+        {"id": a.id, "timeoutAt": now_ms() + duration(a.timeout, "--timeout")},
+        param=value_arg(a.param, "--param"),
+        tags=tags_arg(a.tags, "--tags"),
+    )
+    data.setdefault("param", {})
+    data.setdefault("tags", {})
+    return "promise.create", data
+
+
+def promise_settle(state: str) -> Callable[[argparse.Namespace], Request]:
+    def build(a: argparse.Namespace) -> Request:
+        value = value_arg(a.value, "--value")
+        return "promise.settle", {"id": a.id, "state": state, "value": value or {}}
+
+    return build
+
+
+def promise_search(a: argparse.Namespace) -> Request:
+    data = _with({"limit": a.limit}, state=a.state, cursor=a.cursor)
+    return "promise.search", _with(data, tags=tags_arg(a.tags, "--tags"))
+
+
+# -- tasks ------------------------------------------------------------------------------------
+
+
+def task_create(a: argparse.Namespace) -> Request:
+    create = _with(
+        {"id": a.id, "timeoutAt": now_ms() + duration(a.timeout, "--timeout")},
+        param=value_arg(a.param, "--param"),
+        tags=tags_arg(a.tags, "--tags"),
+    )
+    create.setdefault("param", {})
+    # A task belongs to a targeted promise (the specification refuses one without).
+    create.setdefault("tags", {}).setdefault("resonate:target", a.target)
+    action = {"kind": "promise.create", "head": {}, "data": create}
+    return "task.create", {"pid": a.pid, "ttl": duration(a.ttl, "--ttl"), "action": action}
+
+
+def task_acquire(a: argparse.Namespace) -> Request:
+    ttl = duration(a.ttl, "--ttl")
+    return "task.acquire", {"id": a.id, "version": a.version, "pid": a.pid, "ttl": ttl}
+
+
+def task_action(kind: str) -> Callable[[argparse.Namespace], Request]:
+    def build(a: argparse.Namespace) -> Request:
+        action = json_arg(a.action, "--action")
+        return kind, {"id": a.id, "version": a.version, "action": action}
+
+    return build
+
+
+def task_suspend(a: argparse.Namespace) -> Request:
+    actions = json_arg(a.actions, "--actions")
+    if not isinstance(actions, list):
+        raise Usage("--actions must be a JSON array of promise.register_callback actions")
+    return "task.suspend", {"id": a.id, "version": a.version, "actions": actions}
+
+
+def task_heartbeat(a: argparse.Namespace) -> Request:
+    tasks = json_arg(a.tasks, "--tasks")
+    if not isinstance(tasks, list):
+        raise Usage('--tasks must be a JSON array such as [{"id": "t", "version": 1}]')
+    return "task.heartbeat", {"pid": a.pid, "tasks": tasks}
+
+
+def task_search(a: argparse.Namespace) -> Request:
+    return "task.search", _with({"limit": a.limit}, state=a.state, cursor=a.cursor)
+
+
+# -- schedules --------------------------------------------------------------------------------
+
+
+def schedule_create(a: argparse.Namespace) -> Request:
+    data = _with(
+        {
+            "id": a.id,
+            "cron": a.cron,
+            "promiseId": a.promise_id,
+            "promiseTimeout": duration(a.promise_timeout, "--promise-timeout"),
+        },
+        promiseParam=value_arg(a.promise_param, "--promise-param"),
+        promiseTags=tags_arg(a.promise_tags, "--promise-tags"),
+    )
+    data.setdefault("promiseParam", {})
+    data.setdefault("promiseTags", {})
+    return "schedule.create", data
+
+
+def schedule_search(a: argparse.Namespace) -> Request:
+    data = _with({"limit": a.limit}, cursor=a.cursor)
+    return "schedule.search", _with(data, tags=tags_arg(a.tags, "--tags"))
+
+
+# -- invoke -----------------------------------------------------------------------------------
+
+
+def invoke(a: argparse.Namespace) -> Request:
+    """A durable function call as the SDKs start one: the promise's param carries
+    ``{"func", "args", "version"}`` (base64 JSON), its target tag the worker group."""
+    if a.json_args is not None:
+        args = json_arg(a.json_args, "--json-args")
+        if not isinstance(args, list):
+            raise Usage("--json-args must be a JSON array")
+    else:
+        args = []
+        for arg in a.arg or []:
+            try:
+                args.append(json.loads(arg))
+            except ValueError:
+                args.append(arg)  # a plain string
+    if a.func_version < 1:
+        raise Usage("--version must be 1 or more")
+    delay = duration(a.delay, "--delay") if a.delay else 0
+    call = {"func": a.func, "args": args, "version": a.func_version}
+    encoded = base64.b64encode(json.dumps(call, separators=(",", ":")).encode()).decode()
+    tags = {"resonate:target": a.target}
+    start = now_ms()
+    if delay:
+        tags["resonate:delay"] = str(start + delay)
+    data = {
+        "id": a.id,
+        "timeoutAt": start + delay + duration(a.timeout, "--timeout"),
+        "param": {"headers": {}, "data": encoded},
+        "tags": tags,
+    }
+    return "promise.create", data
+
+
+# -- the parsers ------------------------------------------------------------------------------
+
+
+def _common() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "-S",
+        "--server",
+        default=os.environ.get("RESONATE_URL") or DEFAULT_SERVER,
+        help=f"server URL (default: $RESONATE_URL or {DEFAULT_SERVER})",
+    )
+    common.add_argument(
+        "-T", "--token", default=os.environ.get("RESONATE_TOKEN"), help="token ($RESONATE_TOKEN)"
+    )
+    common.add_argument("--json", action="store_true", help="print the answer as JSON")
+    return common
+
+
+def _command(
+    group: Any,
+    name: str,
+    build: Callable[[argparse.Namespace], Request],
+    common: argparse.ArgumentParser,
+    help: str,
+    aliases: tuple[str, ...] = (),
+) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = group.add_parser(
+        name, parents=[common], help=help, aliases=list(aliases)
+    )
+    p.set_defaults(build=build)
+    return p
+
+
+_VALUE_HELP: Final = 'JSON, e.g. \'{"data": "hello"}\' (data goes out base64-encoded)'
+
+
+def _value_flags(p: argparse.ArgumentParser, *names: str) -> None:
+    for name in names:
+        p.add_argument(f"--{name}", help=_VALUE_HELP)
+
+
+def add_client_commands(sub: Any) -> None:
+    """Register ``promises``, ``tasks``, ``schedules`` and ``invoke`` on ``sub``."""
+    common = _common()
+
+    g = sub.add_parser("promises", aliases=["promise"], help="get, create, settle, search promises")
+    ps = g.add_subparsers(dest="action", required=True)
+    p = _command(ps, "get", lambda a: ("promise.get", {"id": a.id}), common, "one promise")
+    p.add_argument("id")
+    p = _command(ps, "create", promise_create, common, "create a promise")
+    p.add_argument("id")
+    p.add_argument("--timeout", required=True, help="duration until it times out, e.g. 1h")
+    _value_flags(p, "param")
+    p.add_argument("--tags", help='JSON object, e.g. \'{"k": "v"}\'')
+    for name, state in (
+        ("resolve", "resolved"),
+        ("reject", "rejected"),
+        ("cancel", "rejected_canceled"),
+    ):
+        p = _command(ps, name, promise_settle(state), common, f"settle a promise: {state}")
+        p.add_argument("id")
+        _value_flags(p, "value")
+    p = _command(ps, "search", promise_search, common, "search by state and tags")
+    p.add_argument("--state", help="pending, resolved, rejected, rejected_canceled, …")
+    p.add_argument("--tags", help='JSON object, e.g. \'{"resonate:origin": "wf"}\'')
+    p.add_argument("--limit", type=int, default=100)
+    p.add_argument("--cursor")
+    p = _command(
+        ps,
+        "register-callback",
+        lambda a: ("promise.register_callback", {"awaited": a.awaited, "awaiter": a.awaiter}),
+        common,
+        "make awaiter's task resume when awaited settles",
+    )
+    p.add_argument("awaited")
+    p.add_argument("awaiter")
+    p = _command(
+        ps,
+        "register-listener",
+        lambda a: ("promise.register_listener", {"awaited": a.awaited, "address": a.address}),
+        common,
+        "send an unblock to address when awaited settles",
+    )
+    p.add_argument("awaited")
+    p.add_argument("address")
+
+    g = sub.add_parser("tasks", aliases=["task"], help="get, acquire, fulfil, search tasks")
+    ts = g.add_subparsers(dest="action", required=True)
+    p = _command(ts, "get", lambda a: ("task.get", {"id": a.id}), common, "one task")
+    p.add_argument("id")
+    p = _command(ts, "create", task_create, common, "create a promise and its task, acquired")
+    p.add_argument("id")
+    p.add_argument("--pid", required=True)
+    p.add_argument("--ttl", required=True, help="lease duration, e.g. 15s")
+    p.add_argument("--timeout", required=True, help="the promise's timeout, e.g. 1h")
+    _value_flags(p, "param")
+    p.add_argument("--tags")
+    p.add_argument(
+        "--target",
+        default="poll://any@default",
+        help="unless --tags names one (default %(default)s)",
+    )
+    p = _command(ts, "acquire", task_acquire, common, "acquire a pending task", ("claim",))
+    p.add_argument("id")
+    p.add_argument("--pid", required=True)
+    p.add_argument("--version", type=int, required=True)
+    p.add_argument("--ttl", required=True, help="lease duration, e.g. 15s")
+    for name, kind, aliases, what in (
+        ("fence", "task.fence", (), "a promise.create or settle fenced by the task's version"),
+        ("fulfill", "task.fulfill", ("complete",), "settle the task's promise and finish it"),
+    ):
+        p = _command(ts, name, task_action(kind), common, what, aliases)
+        p.add_argument("id")
+        p.add_argument("--version", type=int, required=True)
+        p.add_argument("--action", required=True, help='JSON: {"kind": …, "data": {…}}')
+    p = _command(ts, "suspend", task_suspend, common, "suspend until awaited promises settle")
+    p.add_argument("id")
+    p.add_argument("--version", type=int, required=True)
+    p.add_argument("--actions", required=True, help="JSON array of register_callback actions")
+    p = _command(ts, "heartbeat", task_heartbeat, common, "extend a process's leases")
+    p.add_argument("--pid", required=True)
+    p.add_argument("--tasks", required=True, help='JSON array: [{"id": …, "version": …}]')
+    p = _command(
+        ts,
+        "release",
+        lambda a: ("task.release", {"id": a.id, "version": a.version}),
+        common,
+        "give an acquired task back",
+    )
+    p.add_argument("id")
+    p.add_argument("--version", type=int, required=True)
+    for name in ("halt", "continue"):
+        p = _command(ts, name, _by_id(f"task.{name}"), common, f"{name} a task")
+        p.add_argument("id")
+    p = _command(ts, "search", task_search, common, "search by state")
+    p.add_argument("--state")
+    p.add_argument("--limit", type=int, default=100)
+    p.add_argument("--cursor")
+
+    g = sub.add_parser("schedules", aliases=["schedule"], help="get, create, delete schedules")
+    ss = g.add_subparsers(dest="action", required=True)
+    for name in ("get", "delete"):
+        p = _command(ss, name, _by_id(f"schedule.{name}"), common, f"{name} a schedule")
+        p.add_argument("id")
+    p = _command(ss, "create", schedule_create, common, "create a schedule")
+    p.add_argument("id")
+    p.add_argument("--cron", required=True, help='cron expression, e.g. "*/5 * * * *"')
+    p.add_argument("--promise-id", required=True, help="template, e.g. report.{{.timestamp}}")
+    p.add_argument("--promise-timeout", required=True, help="duration, e.g. 1h")
+    _value_flags(p, "promise-param")
+    p.add_argument("--promise-tags")
+    p = _command(ss, "search", schedule_search, common, "search by tags")
+    p.add_argument("--tags")
+    p.add_argument("--limit", type=int, default=10)
+    p.add_argument("--cursor")
+
+    p = _command(sub, "invoke", invoke, common, "start a durable function on a worker group")
+    p.add_argument("func", help="the function's registered name")
+    p.add_argument("--id", required=True, help="the call's promise id")
+    p.add_argument("--arg", action="append", help="an argument (JSON, or a plain string)")
+    p.add_argument("--json-args", help="all arguments as one JSON array")
+    p.add_argument("--version", dest="func_version", type=int, default=1)
+    p.add_argument("-t", "--timeout", default="1h", help="duration (default 1h)")
+    p.add_argument("--target", default="poll://any@default", help="worker group address")
+    p.add_argument("--delay", help="start after this duration, e.g. 5m")
+
+
+def _by_id(kind: str) -> Callable[[argparse.Namespace], Request]:
+    return lambda a: (kind, {"id": a.id})
+
+
+def run_client(args: argparse.Namespace) -> int:
+    """Run one parsed client command; the exit code."""
+    err = sys.stderr
+    try:
+        kind, data = args.build(args)
+    except Usage as exc:
+        print(f"troth: {exc}", file=err)
+        return EXIT_USAGE
+    remote = Remote(args.server, args.token)
+    try:
+        answer = remote.ok(kind, data)
+    except RemoteError as exc:
+        print(f"troth: {exc.kind} refused: {exc.status} {exc.message}", file=err)
+        return EXIT_REFUSED
+    except Unreachable as exc:
+        print(f"troth: {exc}", file=err)
+        return EXIT_UNREACHABLE
+    try:
+        Renderer(sys.stdout, as_json=args.json).show(kind, answer)
+        sys.stdout.flush()
+    except BrokenPipeError:  # e.g. `| head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0

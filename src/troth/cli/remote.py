@@ -1,0 +1,72 @@
+"""Speaking to a troth (or any Resonate) server as a remote client does: ``POST /``.
+
+The client commands use nothing else of troth than the protocol's envelope: they
+work against any server of the protocol, over the network, with a token.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Final
+
+import httpx
+
+from troth import PROTOCOL_VERSION
+
+DEFAULT_SERVER: Final = "http://127.0.0.1:8001"
+_corr = itertools.count(1)
+
+
+class RemoteError(Exception):
+    """The server refused the request (its status and message)."""
+
+    def __init__(self, kind: str, status: int, message: str) -> None:
+        super().__init__(f"{kind}: {status} {message}")
+        self.kind = kind
+        self.status = status
+        self.message = message
+
+
+class Unreachable(Exception):
+    """No answer from the server (refused, timed out, not the protocol)."""
+
+
+@dataclass
+class Remote:
+    """One server: its URL and the token sent with every request (``head.auth`` and
+    ``Authorization: Bearer``, as the SDKs send it)."""
+
+    server: str = DEFAULT_SERVER
+    token: str | None = None
+    timeout: float = 30.0
+
+    def call(self, kind: str, data: dict[str, Any]) -> tuple[int, Any]:
+        """``(status, data)`` of one request; raises :class:`Unreachable`."""
+        corr = f"cli-{os.getpid()}-{time.time_ns() // 1_000_000}-{next(_corr)}"
+        head: dict[str, Any] = {"corrId": corr, "version": PROTOCOL_VERSION}
+        headers = {}
+        if self.token:
+            head["auth"] = self.token
+            headers["Authorization"] = f"Bearer {self.token}"
+        url = self.server.rstrip("/") + "/"
+        envelope = {"kind": kind, "head": head, "data": data}
+        try:
+            response = httpx.post(url, json=envelope, headers=headers, timeout=self.timeout)
+            body = response.json()
+            status = int(body["head"]["status"])
+            return status, body.get("data")
+        except httpx.HTTPError as exc:
+            raise Unreachable(f"{self.server} did not answer: {exc}") from exc
+        except (ValueError, KeyError, TypeError) as exc:
+            raise Unreachable(f"{self.server} did not answer with a protocol envelope") from exc
+
+    def ok(self, kind: str, data: dict[str, Any]) -> Any:
+        """The ``data`` of a 2xx/300 answer; raises :class:`RemoteError` otherwise."""
+        status, body = self.call(kind, data)
+        if status >= 400:
+            message = body if isinstance(body, str) else str(body)
+            raise RemoteError(kind, status, message)
+        return body
