@@ -1,4 +1,5 @@
-"""The client commands: ``troth promises|tasks|schedules …`` and ``troth invoke``.
+"""The client commands: ``troth promises|tasks|schedules …``, ``troth invoke`` and
+``troth tree``.
 
 Compatible with the Resonate CLI's commands and flags, so that scripts and habits
 carry over (``--server``/``-S`` or ``RESONATE_URL``, ``-T``/``--token`` or
@@ -25,6 +26,7 @@ from typing import Any, Final
 from troth.cli.durations import parse_duration
 from troth.cli.remote import DEFAULT_SERVER, Remote, RemoteError, Unreachable
 from troth.cli.render import Renderer
+from troth.cli.tree import show_tree
 
 EXIT_REFUSED: Final = 1
 EXIT_USAGE: Final = 2
@@ -383,6 +385,14 @@ def add_client_commands(sub: Any) -> None:
     p.add_argument("--target", default="poll://any@default", help="worker group address")
     p.add_argument("--delay", help="start after this duration, e.g. 5m")
 
+    p = _command(sub, "tree", _tree, common, "a workflow's call graph, with states and tasks")
+    p.add_argument("id", help="the workflow's root promise id")
+    p.add_argument("--all", action="store_true", help="unfold long runs of settled siblings")
+
+
+def _tree(a: argparse.Namespace) -> Request:
+    return "tree", {"id": a.id}  # not one request: run_client draws it (cli/tree.py)
+
 
 def _by_id(kind: str) -> Callable[[argparse.Namespace], Request]:
     return lambda a: (kind, {"id": a.id})
@@ -397,7 +407,11 @@ def run_client(args: argparse.Namespace) -> int:
         print(f"troth: {exc}", file=err)
         return EXIT_USAGE
     remote = Remote(args.server, args.token)
+    renderer = Renderer(sys.stdout, as_json=args.json)
     try:
+        if kind == "tree":
+            show_tree(remote, data["id"], renderer, unfold=args.all)
+            return 0
         answer = remote.ok(kind, data)
     except RemoteError as exc:
         print(f"troth: {exc.kind} refused: {exc.status} {exc.message}", file=err)
@@ -406,7 +420,7 @@ def run_client(args: argparse.Namespace) -> int:
         print(f"troth: {exc}", file=err)
         return EXIT_UNREACHABLE
     try:
-        Renderer(sys.stdout, as_json=args.json).show(kind, answer)
+        renderer.show(kind, answer)
         sys.stdout.flush()
     except BrokenPipeError:  # e.g. `| head`: the reader has what it wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
