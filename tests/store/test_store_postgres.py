@@ -14,6 +14,7 @@ PostgreSQL must be reachable (tests/helpers/pg.py): these tests fail, not skip, 
 from __future__ import annotations
 
 import base64
+import json
 import random
 import string
 import threading
@@ -696,3 +697,47 @@ def test_an_unreachable_server_fails_loudly(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(pg, "ADMIN_URL", "postgresql://postgres@127.0.0.1:1/postgres")
     with pytest.raises(RuntimeError, match="pg_ctlcluster"):
         pg.create_database()
+
+
+def test_version_2_promises_get_their_origin_on_upgrade_and_searches_use_it() -> None:
+    """Version 3 derives ``origin`` from the tags; rows written before it are filled in,
+    and a search by ``resonate:origin`` answers the same through the index."""
+    v1, v2 = migrations()[:2]
+    with pg.throwaway_database() as url:
+        with raw(url) as conn:
+            conn.execute(
+                "CREATE TABLE schema_version (version INTEGER PRIMARY KEY,"
+                " name TEXT NOT NULL, applied_at BIGINT NOT NULL)"
+            )
+            conn.execute(v1.sql)
+            conn.execute(v2.sql)
+            conn.execute(
+                "INSERT INTO schema_version VALUES (1, %s, 0), (2, %s, 0)", (v1.name, v2.name)
+            )
+            for id, tags in [
+                ("wf", {"resonate:origin": "wf"}),
+                ("wf:1", {"resonate:origin": "wf", "k": "v"}),
+                ("other", {"resonate:origin": "other"}),
+                ("loose", {}),
+            ]:
+                conn.execute(
+                    "INSERT INTO promises (id, state, param, value, tags, timeout_at, created_at,"
+                    " callbacks, listeners, external, undrained) VALUES"
+                    " (%s, 'pending', '{}', '{}', %s, 9, 1, '[]', '[]', false, false)",
+                    (id, json.dumps(tags)),
+                )
+        store = PostgresStore(url)
+        try:
+            with raw(url) as conn:
+                origins = dict(conn.execute("SELECT id, origin FROM promises").fetchall())
+            assert origins == {"wf": "wf", "wf:1": "wf", "other": "other", "loose": None}
+
+            def search(tags: dict[str, str]) -> list[str]:
+                return [p.id for p in run(store, lambda tx: tx.scan_promises(None, tags, None, 10))]
+
+            assert search({"resonate:origin": "wf"}) == ["wf", "wf:1"]
+            assert search({"resonate:origin": "wf", "k": "v"}) == ["wf:1"]
+            assert search({"resonate:origin": "nobody"}) == []
+            assert search({"resonate:origin": "wf\x00"}) == []
+        finally:
+            store.close()

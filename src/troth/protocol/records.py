@@ -60,6 +60,7 @@ TAG_SCOPE: Final = "resonate:scope"
 TAG_DELAY: Final = "resonate:delay"
 TAG_BRANCH: Final = "resonate:branch"
 TAG_SCHEDULE: Final = "resonate:schedule"
+TAG_ORIGIN: Final = "resonate:origin"
 
 
 class Value(msgspec.Struct, frozen=True, omit_defaults=True):

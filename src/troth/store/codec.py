@@ -21,6 +21,7 @@ from troth.protocol.address import parse_poll
 from troth.protocol.records import (
     PENDING,
     TAG_BRANCH,
+    TAG_ORIGIN,
     Execute,
     OutboxEntry,
     Promise,
@@ -91,8 +92,8 @@ class RowCodec:
     """Records to column tuples and back, given how a dialect stores ints and flags.
 
     ``int_in`` / ``int_out`` convert an integer (or None) to and from its stored
-    form; ``flag`` converts a bool.  The written promise row carries three more
-    columns than it reads back (``external, branch, undrained``); a message row is
+    form; ``flag`` converts a bool.  The written promise row carries four more
+    columns than it reads back (``external, branch, undrained, origin``); a message row is
     ``(key, address, kind, task_id, version, promise, now)``, to which a dialect that
     routes claims by destination adds :meth:`destination`.
     """
@@ -123,6 +124,7 @@ class RowCodec:
             self.flag(p.external),
             p.tags.get(TAG_BRANCH) or None,
             self.flag(p.state != PENDING and bool(p.callbacks or p.listeners)),
+            p.tags.get(TAG_ORIGIN),
         )
 
     def promise(self, r: Sequence[Any]) -> Promise:

@@ -12,7 +12,15 @@ from typing import Any, Final, TypeVar
 
 import psycopg
 
-from troth.protocol.records import Execute, OutboxEntry, Promise, Schedule, Tags, Task
+from troth.protocol.records import (
+    TAG_ORIGIN,
+    Execute,
+    OutboxEntry,
+    Promise,
+    Schedule,
+    Tags,
+    Task,
+)
 from troth.store.base import Backend
 from troth.store.codec import PROMISE_COLS, SCHEDULE_COLS, TASK_COLS, RowCodec, json_text
 from troth.store.postgres.session import (
@@ -92,9 +100,17 @@ _PRELOCK: Final = {table: Q[f"prelock_{table}"] for table in TABLES}
 
 
 def _scan_sql(
-    table: str, columns: str, states: bool, tags_column: str | None, tags: bool, after: bool
+    table: str,
+    columns: str,
+    states: bool,
+    tags_column: str | None,
+    tags: bool,
+    after: bool,
+    origin: bool = False,
 ) -> str:
-    where: list[str] = []
+    """The scan's statement; with ``origin``, the indexed ``origin = …`` comes first
+    (the ``resonate:origin`` tag, derived on every write)."""
+    where: list[str] = ["origin = %(origin)s"] if origin else []
     if after:
         where.append("id > %(after)s")
     if states:
@@ -108,9 +124,9 @@ def _scan_sql(
 
 
 @functools.cache
-def _scan(table: str, states: bool, tags: bool, after: bool) -> str:
+def _scan(table: str, states: bool, tags: bool, after: bool, origin: bool = False) -> str:
     if table == "promises":
-        return _scan_sql(table, PROMISE_COLS, states, "tags", tags, after)
+        return _scan_sql(table, PROMISE_COLS, states, "tags", tags, after, origin)
     if table == "tasks":
         return _scan_sql(table, TASK_COLS, states, None, False, after)
     return _scan_sql(table, SCHEDULE_COLS, False, "promise_tags", tags, after)
@@ -314,11 +330,17 @@ class PostgresBackend(Backend):
             params["states"] = [s for s in states if NUL not in s]
             if not params["states"]:
                 return None
+        origin = tags.get(TAG_ORIGIN) if table == "promises" else None
+        if origin is not None:
+            if NUL in origin:
+                return None
+            params["origin"] = origin
+            tags = {k: v for k, v in tags.items() if k != TAG_ORIGIN}
         if tags:
             params["tags"] = _tags_filter(tags)
             if params["tags"] is None:
                 return None
-        sql = _scan(table, states is not None, bool(tags), after is not None)
+        sql = _scan(table, states is not None, bool(tags), after is not None, origin is not None)
         return self.cur.execute(sql, params).fetchall()
 
     def scan_promises(

@@ -19,17 +19,18 @@ SELECT id, cron, promise_id, promise_timeout, promise_param, promise_tags, creat
 
 -- name: insert_promise
 INSERT INTO promises (id, state, param, value, tags, timeout_at, created_at, settled_at,
-    callbacks, listeners, external, branch, undrained) VALUES (%s, %s, %s, %s, %s, %s, %s,
-    %s, %s, %s, %s, %s, %s)
+    callbacks, listeners, external, branch, undrained, origin) VALUES (%s, %s, %s, %s, %s, %s,
+    %s, %s, %s, %s, %s, %s, %s, %s)
 
 -- name: upsert_promise
 INSERT INTO promises (id, state, param, value, tags, timeout_at, created_at, settled_at,
-    callbacks, listeners, external, branch, undrained) VALUES (%s, %s, %s, %s, %s, %s, %s,
-    %s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO UPDATE SET state = excluded.state, param =
+    callbacks, listeners, external, branch, undrained, origin) VALUES (%s, %s, %s, %s, %s, %s,
+    %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO UPDATE SET state = excluded.state, param =
     excluded.param, value = excluded.value, tags = excluded.tags, timeout_at =
     excluded.timeout_at, created_at = excluded.created_at, settled_at = excluded.settled_at,
     callbacks = excluded.callbacks, listeners = excluded.listeners, external =
-    excluded.external, branch = excluded.branch, undrained = excluded.undrained
+    excluded.external, branch = excluded.branch, undrained = excluded.undrained, origin =
+    excluded.origin
 
 -- name: insert_task
 INSERT INTO tasks (id, state, version, ttl, pid, expires_at, retry_at, resumes) VALUES (%s,
@@ -61,21 +62,22 @@ DELETE FROM schedules WHERE id = %s
 -- cast to NUMERIC.
 -- name: insert_promises
 INSERT INTO promises (id, state, param, value, tags, timeout_at, created_at, settled_at,
-    callbacks, listeners, external, branch, undrained) SELECT * FROM unnest(%b::text[],
+    callbacks, listeners, external, branch, undrained, origin) SELECT * FROM unnest(%b::text[],
     %b::text[], %b::text[], %b::text[], %b::text[], %b::text[]::numeric[],
     %b::text[]::numeric[], %b::text[]::numeric[], %b::text[], %b::text[], %b::bool[],
-    %b::text[], %b::bool[])
+    %b::text[], %b::bool[], %b::text[])
 
 -- name: upsert_promises
 INSERT INTO promises (id, state, param, value, tags, timeout_at, created_at, settled_at,
-    callbacks, listeners, external, branch, undrained) SELECT * FROM unnest(%b::text[],
+    callbacks, listeners, external, branch, undrained, origin) SELECT * FROM unnest(%b::text[],
     %b::text[], %b::text[], %b::text[], %b::text[], %b::text[]::numeric[],
     %b::text[]::numeric[], %b::text[]::numeric[], %b::text[], %b::text[], %b::bool[],
-    %b::text[], %b::bool[]) ON CONFLICT (id) DO UPDATE SET state = excluded.state, param =
+    %b::text[], %b::bool[], %b::text[]) ON CONFLICT (id) DO UPDATE SET state = excluded.state, param =
     excluded.param, value = excluded.value, tags = excluded.tags, timeout_at =
     excluded.timeout_at, created_at = excluded.created_at, settled_at = excluded.settled_at,
     callbacks = excluded.callbacks, listeners = excluded.listeners, external =
-    excluded.external, branch = excluded.branch, undrained = excluded.undrained
+    excluded.external, branch = excluded.branch, undrained = excluded.undrained, origin =
+    excluded.origin
 
 -- name: insert_tasks
 INSERT INTO tasks (id, state, version, ttl, pid, expires_at, retry_at, resumes) SELECT *

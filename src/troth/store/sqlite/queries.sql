@@ -16,13 +16,14 @@ FROM schedules WHERE id = ?
 
 -- name: upsert_promise
 INSERT INTO promises (id, state, param, value, tags, timeout_at, created_at, settled_at,
-                      callbacks, listeners, external, branch, undrained)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                      callbacks, listeners, external, branch, undrained, origin)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (id) DO UPDATE SET state = excluded.state, param = excluded.param,
     value = excluded.value, tags = excluded.tags, timeout_at = excluded.timeout_at,
     created_at = excluded.created_at, settled_at = excluded.settled_at,
     callbacks = excluded.callbacks, listeners = excluded.listeners,
-    external = excluded.external, branch = excluded.branch, undrained = excluded.undrained
+    external = excluded.external, branch = excluded.branch, undrained = excluded.undrained,
+    origin = excluded.origin
 
 -- name: upsert_task
 INSERT INTO tasks (id, state, version, ttl, pid, expires_at, retry_at, resumes)

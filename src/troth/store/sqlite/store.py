@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from typing import Any, Final, TypeVar
 
 from troth.outbox.rows import OutboxRow
-from troth.protocol.records import Promise, Schedule, Tags, Task
+from troth.protocol.records import TAG_ORIGIN, Promise, Schedule, Tags, Task
 from troth.store.base import Backend, Store, StoreUnavailable
 from troth.store.codec import PROMISE_COLS, SCHEDULE_COLS, TASK_COLS, RowCodec
 from troth.store.migrate import check_version, migrate
@@ -76,8 +76,11 @@ def _scan_sql(
     tags_column: str | None,
     tags: int,
     after: bool,
+    origin: bool = False,
 ) -> str:
-    where: list[str] = []
+    """The scan's statement; with ``origin``, the first condition is the indexed
+    ``origin = ?`` (the ``resonate:origin`` tag, derived on every write)."""
+    where: list[str] = ["origin = ?"] if origin else []
     if after:
         where.append("id > ?")
     if states is not None:
@@ -130,6 +133,9 @@ class SqliteBackend(Backend):
     ) -> list[Promise]:
         if states is not None and not states:
             return []
+        origin = tags.get(TAG_ORIGIN)
+        if origin is not None:
+            tags = {k: v for k, v in tags.items() if k != TAG_ORIGIN}
         sql = _scan_sql(
             "promises",
             PROMISE_COLS,
@@ -137,8 +143,12 @@ class SqliteBackend(Backend):
             "tags",
             len(tags),
             after is not None,
+            origin is not None,
         )
-        rows = self.conn.execute(sql, _scan_params(after, states, tags, limit)).fetchall()
+        params = _scan_params(after, states, tags, limit)
+        if origin is not None:
+            params.insert(0, origin)
+        rows = self.conn.execute(sql, params).fetchall()
         return [_CODEC.promise(r) for r in rows]
 
     def scan_tasks(
