@@ -47,7 +47,7 @@ class Settings:
     max_sse_per_group: int = 1024  # open SSE connections of one poll group; more get 429
     header_timeout: float = 10.0  # seconds for a request's headers to arrive (then 408)
     body_timeout: float = 30.0  # seconds for a request's body after its headers (then 408)
-    idle_timeout: float = 5.0  # seconds an idle keep-alive connection stays open
+    idle_timeout: int = 5  # seconds an idle keep-alive connection stays open
     log_level: str = "info"
     access_log: bool = True
     server_url: str = ""  # goes into execute messages' head.serverUrl
