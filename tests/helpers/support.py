@@ -21,7 +21,7 @@ import uvicorn
 
 from troth.server.app import App
 from troth.server.config import Settings
-from troth.server.run import build_app
+from troth.server.run import build_app, uvicorn_config
 from troth.store.base import Store
 
 VERSION = "2026-04-01"
@@ -87,19 +87,19 @@ def running_server(settings: Settings, store: Store | None = None) -> Iterator[R
     port = free_port()
     settings = replace(settings, host="127.0.0.1", port=port)
     app = build_app(settings, store)
-    config = uvicorn.Config(
+    config = uvicorn_config(
         app,
-        host="127.0.0.1",
-        port=port,
+        settings,
         loop="asyncio",
-        http="httptools",
-        lifespan="on",
-        access_log=False,
         log_level="warning",
+        timeout_graceful_shutdown=None,
         # Longer than httpx's 5 s keep-alive expiry: the client always drops an idle
         # connection first, so a reused one is never reset by the server mid-request
         # (with both at 5 s, a loaded machine made that race, and /metrics failed).
-        timeout_keep_alive=60,
+        # A test that sets idle_timeout itself gets what it set.
+        timeout_keep_alive=60
+        if settings.idle_timeout == Settings.idle_timeout
+        else settings.idle_timeout,
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)

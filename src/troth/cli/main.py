@@ -34,6 +34,14 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--retry-timeout", type=int, help="ms between re-dispatches (default 5000)")
     p.add_argument("--max-body", type=int, help="largest request body in bytes (default 10 MiB)")
+    p.add_argument("--max-depth", type=int, help="JSON nesting levels of a body (default 64)")
+    p.add_argument("--max-id-length", type=int, help="bytes of an id or tag key (1024)")
+    p.add_argument("--max-tag-length", type=int, help="bytes of a tag value (65536)")
+    p.add_argument("--max-sse", type=int, help="open SSE connections on this node (4096)")
+    p.add_argument("--max-sse-per-group", type=int, help="open SSE connections of one group (1024)")
+    p.add_argument("--header-timeout", type=float, help="seconds for request headers (10)")
+    p.add_argument("--body-timeout", type=float, help="seconds for a request body (30)")
+    p.add_argument("--idle-timeout", type=float, help="seconds an idle connection stays (5)")
     p.add_argument("--log-level", help="debug, info, warning, error")
     p.add_argument("--server-url", help="URL that execute messages carry as head.serverUrl")
     p.add_argument("--keepalive", type=float, help="seconds between SSE keep-alives (default 5)")
@@ -58,6 +66,14 @@ def settings_from(args: argparse.Namespace, base: Settings | None = None) -> Set
         "debug": args.debug,
         "retry_timeout": args.retry_timeout,
         "max_body": args.max_body,
+        "max_depth": args.max_depth,
+        "max_id_length": args.max_id_length,
+        "max_tag_length": args.max_tag_length,
+        "max_sse": args.max_sse,
+        "max_sse_per_group": args.max_sse_per_group,
+        "header_timeout": args.header_timeout,
+        "body_timeout": args.body_timeout,
+        "idle_timeout": args.idle_timeout,
         "log_level": args.log_level,
         "server_url": args.server_url,
         "keepalive": args.keepalive,

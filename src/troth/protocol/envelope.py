@@ -6,11 +6,13 @@ so even a refused envelope echoes whatever of them can be dug out of the body.
 
 from __future__ import annotations
 
-from typing import Any
+import re
+from typing import Any, Final
 
 import msgspec
 
 from troth import PROTOCOL_VERSION
+from troth.protocol.limits import depth_exceeds
 
 
 class Head(msgspec.Struct, frozen=True):
@@ -39,13 +41,30 @@ _loose = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
 
 
-def decode_envelope(body: bytes) -> Envelope:
-    """Decode and check an envelope; raises :class:`EnvelopeError` (400)."""
+#: A top-level-looking ``"kind": "…"`` / ``"corrId": "…"`` for bodies too deep to
+#: decode at all: a best-effort echo, found in one linear scan.
+_KIND: Final = re.compile(rb'"kind"\s*:\s*("(?:[^"\\]|\\.){0,512}")')
+_CORR: Final = re.compile(rb'"corrId"\s*:\s*("(?:[^"\\]|\\.){0,512}")')
+
+
+def decode_envelope(body: bytes, max_depth: int = 64) -> Envelope:
+    """Decode and check an envelope; raises :class:`EnvelopeError` (400).
+
+    A body that nests deeper than ``max_depth`` is refused before any decode
+    (msgspec recurses, and would raise ``RecursionError`` a thousand levels down)."""
+    if depth_exceeds(body, max_depth):
+        kind, corr = scan_echo(body)
+        raise EnvelopeError(
+            f"Invalid request envelope: JSON nests deeper than {max_depth} levels", kind, corr
+        )
     try:
         env = _envelope.decode(body)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         kind, corr = salvage(body)
         raise EnvelopeError(f"Invalid request envelope: {exc}", kind, corr) from None
+    except RecursionError:  # only past a max_depth near the interpreter's limit
+        kind, corr = scan_echo(body)
+        raise EnvelopeError("Invalid request envelope: JSON nests too deep", kind, corr) from None
     if not env.kind:
         raise EnvelopeError("Invalid request envelope: kind must not be empty", "", env.head.corrId)
     if env.head.version != PROTOCOL_VERSION:
@@ -69,12 +88,34 @@ def salvage(body: bytes) -> tuple[str, str]:
         obj: Any = _loose.decode(body)
     except msgspec.DecodeError:
         return "unknown", "0"
+    except RecursionError:
+        return scan_echo(body)
     if not isinstance(obj, dict):
         return "unknown", "0"
     kind = obj.get("kind")
     head = obj.get("head")
     corr = head.get("corrId") if isinstance(head, dict) else None
     return (kind if isinstance(kind, str) else "unknown", corr if isinstance(corr, str) else "0")
+
+
+def scan_echo(body: bytes) -> tuple[str, str]:
+    """``kind`` and ``corrId`` of a body that cannot be decoded at all: the first
+    string-valued ``"kind"`` and ``"corrId"`` members, if any."""
+    return _scan(_KIND, body, "unknown"), _scan(_CORR, body, "0")
+
+
+def _scan(pattern: re.Pattern[bytes], body: bytes, default: str) -> str:
+    match = pattern.search(body)
+    if match is None:
+        return default
+    try:
+        text = _string.decode(match.group(1))
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return default
+    return text
+
+
+_string = msgspec.json.Decoder(str)
 
 
 def encode_response(kind: str, corr_id: str, status: int, data: object) -> bytes:

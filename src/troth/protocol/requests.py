@@ -215,6 +215,8 @@ def decode_data(kind: str, raw: bytes | msgspec.Raw) -> Req:
         raise BadRequest(f"Invalid request: {exc}") from None
     except msgspec.DecodeError as exc:
         raise BadRequest(f"Invalid request: {exc}") from None
+    except RecursionError:  # the server checks depth first; this is the backstop
+        raise BadRequest("Invalid request: JSON nests too deep") from None
     return req
 
 
@@ -227,6 +229,8 @@ def decode_action(action: Action, expected: tuple[str, ...]) -> Req:
             return msgspec.json.decode(action.data, type=FulfillSettle)
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
             raise BadRequest(f"Invalid request: {exc} (in action)") from None
+        except RecursionError:
+            raise BadRequest("Invalid request: JSON nests too deep (in action)") from None
     try:
         return decode_data(action.kind, action.data)
     except BadRequest as exc:

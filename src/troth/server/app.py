@@ -19,6 +19,7 @@ from troth import PROTOCOL_VERSION
 from troth.machine.state import Response
 from troth.protocol import requests as rq
 from troth.protocol.envelope import EnvelopeError, decode_envelope, encode_response
+from troth.protocol.limits import too_long
 from troth.protocol.records import TaskRecord
 from troth.protocol.requests import BadRequest, decode_data
 from troth.server.cluster import Cluster
@@ -27,7 +28,7 @@ from troth.server.delivery import DeliveryLoop
 from troth.server.engine import Engine
 from troth.server.metrics import Metrics
 from troth.store.base import StoreUnavailable
-from troth.transport.poll import Connection, Registry
+from troth.transport.poll import Connection, Full, Registry
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -65,6 +66,30 @@ class BodyTooLarge(Exception):
     pass
 
 
+class ClientGone(Exception):
+    """The client disconnected (or was cut off as too slow) before its body arrived."""
+
+
+class Throttled:
+    """At most one warning a second per reason; the rest are counted into the next."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self.logger = logger
+        self.last: dict[str, float] = {}
+        self.quiet: dict[str, int] = {}
+
+    def warning(self, reason: str, message: str, *args: object) -> None:
+        now = time.monotonic()
+        if now - self.last.get(reason, -2.0) < 1.0:
+            self.quiet[reason] = self.quiet.get(reason, 0) + 1
+            return
+        self.last[reason] = now
+        suppressed = self.quiet.pop(reason, 0)
+        if suppressed:
+            message += f" (and {suppressed} more in the last second)"
+        self.logger.warning(message, *args)
+
+
 class App:
     """The troth HTTP application around one :class:`Engine`."""
 
@@ -82,7 +107,11 @@ class App:
         self.engine = engine
         self.settings = settings
         self.metrics = metrics or Metrics()
-        self.registry = registry or Registry()
+        self.registry = registry or Registry(
+            max_total=settings.max_sse, max_per_group=settings.max_sse_per_group
+        )
+        self.limits = settings.limits
+        self.refusals = Throttled(log)
         self.delivery = delivery
         self.cluster = cluster
         self.on_shutdown = on_shutdown
@@ -153,6 +182,13 @@ class App:
             if len(parts) != 4 or not parts[2] or not parts[3]:
                 await respond(send, 404, {"error": "use GET /poll/{group}/{id}"})
                 return
+            if too_long(parts[2], self.limits.max_id) or too_long(parts[3], self.limits.max_id):
+                await respond(
+                    send,
+                    414,
+                    {"error": f"poll group and id are at most {self.limits.max_id} bytes each"},
+                )
+                return
             await self.poll(receive, send, parts[2], parts[3])
         elif path == "/metrics" and method == "GET":
             body = self.metrics.render().encode()
@@ -193,8 +229,14 @@ class App:
         except BodyTooLarge:
             await self.answer(send, "unknown", "0", 413, "Request body too large", started)
             return
+        except ClientGone:
+            access.info(
+                "unknown corrId=0 status=499 ms=%.2f (client gone before its body)",
+                (time.perf_counter() - started) * 1000,
+            )
+            return
         try:
-            env = decode_envelope(body)
+            env = decode_envelope(body, self.limits.max_depth)
         except EnvelopeError as exc:
             await self.answer(send, exc.kind, exc.corr_id, 400, str(exc), started)
             return
@@ -206,6 +248,10 @@ class App:
             req = decode_data(kind, env.data)
         except BadRequest as exc:
             await self.answer(send, kind, corr, 400, str(exc), started)
+            return
+        refused = self.limits.check_request(req, len(body))
+        if refused is not None:
+            await self.answer(send, kind, corr, 400, refused, started)
             return
         now = self.engine.clock()
         if self.settings.debug and env.head.debug_time is not None:
@@ -252,7 +298,24 @@ class App:
     async def poll(self, receive: Receive, send: Send, group: str, id: str) -> None:
         """Hold an SSE stream open for a worker: one ``data:`` line per message, LF
         framing, comment keep-alives (which also reveal a dead peer)."""
-        conn = self.registry.connect(group, id)
+        try:
+            conn = self.registry.connect(group, id)
+        except Full as exc:
+            status = 429 if exc.per_group else 503
+            self.refusals.warning(
+                "sse-group" if exc.per_group else "sse-node",
+                "refused SSE connection for %s/%s: %s",
+                group[:64],
+                id[:64],
+                exc,
+            )
+            await send_bytes(
+                send,
+                status,
+                _json.encode({"error": f"Too many SSE connections: {exc}"}),
+                [(b"retry-after", b"%d" % max(1, round(self.settings.keepalive)))],
+            )
+            return
         if self.cluster is not None:
             await self.cluster.connected()  # peers route this address here from now on
         await send(
@@ -365,7 +428,7 @@ async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            break
+            raise ClientGone
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
@@ -376,14 +439,13 @@ async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-async def send_bytes(send: Send, status: int, body: bytes) -> None:
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [*JSON, (b"content-length", str(len(body)).encode())],
-        }
-    )
+async def send_bytes(
+    send: Send, status: int, body: bytes, extra: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    headers = [*JSON, (b"content-length", str(len(body)).encode())]
+    if extra:
+        headers += extra
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 

@@ -14,9 +14,19 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from troth.protocol.limits import Limits
+
 
 class ConfigError(ValueError):
     pass
+
+
+#: Deepest ``max_depth`` allowed: msgspec decodes recursively and the interpreter
+#: stops it near 1000 frames; a malformed body may pass the check at up to twice it.
+MAX_DEPTH = 256
+#: Longest ``max_id_length``: ids are b-tree keys, and PostgreSQL refuses an index
+#: entry longer than about 2700 bytes.
+MAX_ID_LENGTH = 2048
 
 
 @dataclass(frozen=True)
@@ -30,6 +40,14 @@ class Settings:
     debug: bool = False
     retry_timeout: int = 5000  # ms; how often a pending task re-emits its execute
     max_body: int = 10 * 1024 * 1024  # bytes; larger POST bodies get 413
+    max_depth: int = 64  # JSON nesting levels of a request body; deeper gets 400
+    max_id_length: int = 1024  # UTF-8 bytes of an id (and pid, address, cron, tag key)
+    max_tag_length: int = 65536  # UTF-8 bytes of one tag value
+    max_sse: int = 4096  # open SSE connections on this node; more get 503
+    max_sse_per_group: int = 1024  # open SSE connections of one poll group; more get 429
+    header_timeout: float = 10.0  # seconds for a request's headers to arrive (then 408)
+    body_timeout: float = 30.0  # seconds for a request's body after its headers (then 408)
+    idle_timeout: int = 5  # seconds an idle keep-alive connection stays open
     log_level: str = "info"
     access_log: bool = True
     server_url: str = ""  # goes into execute messages' head.serverUrl
@@ -62,10 +80,26 @@ class Settings:
             raise ConfigError("node_id must be at most 200 characters, without spaces")
         if self.max_body <= 0:
             raise ConfigError("max_body must be > 0 (bytes)")
+        if not 2 <= self.max_depth <= MAX_DEPTH:
+            # An envelope is 2 deep at least; msgspec recurses, ~1000 levels at most.
+            raise ConfigError(f"max_depth must be 2..{MAX_DEPTH}, not {self.max_depth}")
+        if self.max_id_length < 64 or self.max_tag_length < 64:
+            raise ConfigError("max_id_length and max_tag_length must be >= 64 (bytes)")
+        if self.max_id_length > MAX_ID_LENGTH:
+            # PostgreSQL refuses a b-tree index entry past ~2700 bytes (a 500).
+            raise ConfigError(f"max_id_length must be <= {MAX_ID_LENGTH} (bytes)")
+        if self.max_sse < 1 or self.max_sse_per_group < 1:
+            raise ConfigError("max_sse and max_sse_per_group must be >= 1")
+        if self.header_timeout <= 0 or self.body_timeout <= 0 or self.idle_timeout <= 0:
+            raise ConfigError("header_timeout, body_timeout and idle_timeout must be > 0")
         if not 0 < self.port < 65536:
             raise ConfigError(f"port must be 1..65535, not {self.port}")
         if self.log_level.lower() not in ("debug", "info", "warning", "error", "critical"):
             raise ConfigError(f"unknown log_level {self.log_level!r}")
+
+    @property
+    def limits(self) -> Limits:
+        return Limits(self.max_depth, self.max_id_length, self.max_tag_length)
 
     @property
     def url(self) -> str:

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import Any
+
+import uvicorn
 
 from troth.machine.internal import Config
 from troth.outbox.types import DispatchConfig
@@ -19,6 +22,7 @@ from troth.server.config import Settings
 from troth.server.delivery import DeliveryLoop
 from troth.server.engine import Commit, Engine
 from troth.server.metrics import Metrics
+from troth.server.timeouts import guarded_protocol
 from troth.store.base import Store
 from troth.store.memory import MemoryStore
 from troth.transport.http import HttpSender
@@ -46,7 +50,7 @@ def build_app(settings: Settings, store: Store | None = None) -> App:
     metrics = Metrics()
     store = store or open_store(settings)
     engine = Engine(store, Config(retry_timeout=settings.retry_timeout))
-    registry = Registry()
+    registry = Registry(max_total=settings.max_sse, max_per_group=settings.max_sse_per_group)
     node = settings.node_id or default_node_id()
     metrics.gauge("troth_sse_connections", lambda: float(registry.count()))
     http = HttpSender(settings.url)
@@ -109,8 +113,6 @@ def configure_logging(settings: Settings) -> None:
 
 
 def serve(settings: Settings) -> int:
-    import uvicorn
-
     configure_logging(settings)
     # The writer thread releases the GIL around every SQLite call; with the default
     # 5 ms switch interval, taking it back waits behind the event loop and each group
@@ -128,20 +130,27 @@ def serve(settings: Settings) -> int:
         else "",
         settings.debug,
     )
-    config = uvicorn.Config(
-        app,
-        host=settings.host,
-        port=settings.port,
-        loop="uvloop",
-        http="httptools",
-        lifespan="on",
-        access_log=False,
-        log_level=settings.log_level.lower(),
-        timeout_graceful_shutdown=10,
+    uvicorn.Server(uvicorn_config(app, settings)).run()
+    return 0
+
+
+def uvicorn_config(app: App, settings: Settings, **overrides: Any) -> uvicorn.Config:
+    """How troth runs under uvicorn: httptools with header and body read deadlines
+    (``server/timeouts.py``), idle keep-alive connections closed after ``idle_timeout``."""
+    options: dict[str, Any] = {
+        "host": settings.host,
+        "port": settings.port,
+        "loop": "uvloop",
+        "http": guarded_protocol(settings.header_timeout, settings.body_timeout),
+        "lifespan": "on",
+        "access_log": False,
+        "log_level": settings.log_level.lower(),
+        "timeout_keep_alive": settings.idle_timeout,
+        "timeout_graceful_shutdown": 10,
         # Per-request work troth does not use: X-Forwarded-* rewriting (troth reads
         # no client address) and a "server: uvicorn" header on every answer.
-        proxy_headers=False,
-        server_header=False,
-    )
-    uvicorn.Server(config).run()
-    return 0
+        "proxy_headers": False,
+        "server_header": False,
+    }
+    options.update(overrides)
+    return uvicorn.Config(app, **options)

@@ -62,18 +62,54 @@ class Connection:
                 d.done.set_result(False)
 
 
-class Registry:
-    """Open connections by group and id."""
+class Full(Exception):
+    """No room for another connection: on this node (``per_group`` False) or in its
+    group; the message says which and how many are open."""
 
-    def __init__(self, on_change: Callable[[], None] | None = None) -> None:
+    def __init__(self, message: str, *, per_group: bool) -> None:
+        super().__init__(message)
+        self.per_group = per_group
+
+
+class Registry:
+    """Open connections by group and id, at most ``max_total`` on this node and
+    ``max_per_group`` in one group (groups are case-insensitive)."""
+
+    def __init__(
+        self,
+        on_change: Callable[[], None] | None = None,
+        *,
+        max_total: int | None = None,
+        max_per_group: int | None = None,
+    ) -> None:
         self.groups: dict[str, dict[str, list[Connection]]] = {}
         self._serial = itertools.count(1)
         self._rr = itertools.count()
         self.on_change = on_change
+        self.max_total = max_total
+        self.max_per_group = max_per_group
+        self._total = 0
+        self._per_group: dict[str, int] = {}
 
     def connect(self, group: str, id: str) -> Connection:
-        conn = Connection(group.lower(), id, next(self._serial))
+        """Register a connection; raises :class:`Full` past a limit."""
+        name = group.lower()
+        if self.max_total is not None and self._total >= self.max_total:
+            raise Full(
+                f"this node holds {self._total} SSE connections (max_sse {self.max_total})",
+                per_group=False,
+            )
+        in_group = self._per_group.get(name, 0)
+        if self.max_per_group is not None and in_group >= self.max_per_group:
+            raise Full(
+                f"group {name[:64]!r} holds {in_group} SSE connections on this node"
+                f" (max_sse_per_group {self.max_per_group})",
+                per_group=True,
+            )
+        conn = Connection(name, id, next(self._serial))
         self.groups.setdefault(conn.group, {}).setdefault(id, []).append(conn)
+        self._total += 1
+        self._per_group[name] = in_group + 1
         if self.on_change is not None:
             self.on_change()
         return conn
@@ -84,6 +120,12 @@ class Registry:
         same = members.get(conn.id, [])
         if conn in same:
             same.remove(conn)
+            self._total -= 1
+            left = self._per_group[conn.group] - 1
+            if left:
+                self._per_group[conn.group] = left
+            else:
+                del self._per_group[conn.group]
         if not same:
             members.pop(conn.id, None)
         if not members:
@@ -91,8 +133,11 @@ class Registry:
         if self.on_change is not None:
             self.on_change()
 
-    def count(self) -> int:
-        return sum(len(c) for m in self.groups.values() for c in m.values())
+    def count(self, group: str | None = None) -> int:
+        """Open connections on this node, or in one group."""
+        if group is None:
+            return self._total
+        return self._per_group.get(group.lower(), 0)
 
     def candidates(self, address: PollAddress) -> list[Connection]:
         """Connections in the order to try: the named id first, then (anycast) the rest
