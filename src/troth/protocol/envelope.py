@@ -12,7 +12,7 @@ from typing import Any, Final
 import msgspec
 
 from troth import PROTOCOL_VERSION
-from troth.protocol.limits import depth_exceeds
+from troth.protocol.limits import shape_refusal
 
 
 class Head(msgspec.Struct, frozen=True):
@@ -50,13 +50,13 @@ _CORR: Final = re.compile(rb'"corrId"\s*:\s*("(?:[^"\\]|\\.){0,512}")')
 def decode_envelope(body: bytes, max_depth: int = 64) -> Envelope:
     """Decode and check an envelope; raises :class:`EnvelopeError` (400).
 
-    A body that nests deeper than ``max_depth`` is refused before any decode
+    A body that nests deeper than ``max_depth``, or holds more than
+    ``limits.MAX_CONTAINERS`` objects and arrays, is refused before any decode
     (msgspec recurses, and would raise ``RecursionError`` a thousand levels down)."""
-    if depth_exceeds(body, max_depth):
+    refused = shape_refusal(body, max_depth)
+    if refused is not None:
         kind, corr = scan_echo(body)
-        raise EnvelopeError(
-            f"Invalid request envelope: JSON nests deeper than {max_depth} levels", kind, corr
-        )
+        raise EnvelopeError(f"Invalid request envelope: {refused}", kind, corr)
     try:
         env = _envelope.decode(body)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:

@@ -4,12 +4,12 @@ Both checks are built so that the ordinary request pays next to nothing:
 
 * **Depth.** msgspec decodes recursively and raises ``RecursionError`` a thousand
   levels down (also while skipping an unknown field), so the depth is checked before
-  any decode.  The common case is one ``bytes.count`` per bracket kind: a body with
-  no more than ``max_depth`` opening brackets cannot nest deeper than that (a
-  request is a few hundred bytes with a handful of brackets).  Only a body with
-  more brackets is scanned exactly, at C speed: strings are cut out, the rest is
-  reduced to brackets, and each pass removes the innermost pairs (one level), so
-  at most ``max_depth`` passes decide.
+  the typed decode.  The common case is one ``bytes.count`` per bracket kind: a body
+  with no more than ``max_depth`` opening brackets cannot nest deeper than that (a
+  request is a few hundred bytes with a handful of brackets).  A body with more is
+  decoded generically (C) and its containers walked level by level, at most
+  ``max_depth`` levels; a body with more than ``MAX_CONTAINERS`` brackets is refused
+  outright, which bounds that walk.
 * **Lengths.** A body no longer than ``max_id`` bytes cannot hold a longer string,
   so most requests skip the check; otherwise every id the request names (nested
   actions included) and every tag key and value is measured in UTF-8 bytes, which
@@ -18,37 +18,65 @@ Both checks are built so that the ordinary request pays next to nothing:
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
+
+import msgspec
 
 from troth.protocol import requests as rq
-
-_STRING: Final = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
-_BRACKETS: Final = bytes.maketrans(b"[{]}", b"(())")
-_NOT_BRACKETS: Final = bytes(c for c in range(256) if c not in b"[]{}")
 
 #: The fields of a request that name something the store keeps under that name.
 _ID_FIELDS: Final = ("id", "awaited", "awaiter", "pid", "address", "promise_id", "cron")
 _TAG_FIELDS: Final = ("tags", "promise_tags")
 
 
-def depth_exceeds(body: bytes, limit: int) -> bool:
-    """Whether ``body``'s JSON nests deeper than ``limit`` containers.
+#: Most ``{`` and ``[`` one request may hold (counted in the raw body, strings
+#: included: cheap, and no real request comes near — SDK payloads are base64).  It
+#: bounds the work of the exact depth check below.
+MAX_CONTAINERS: Final = 200_000
 
-    Exact for well-formed JSON; for malformed JSON it may answer either way, but it
-    never lets through a body that would nest deeper than ``2 * limit``."""
+_generic = msgspec.json.Decoder()
+
+
+def shape_refusal(body: bytes, limit: int) -> str | None:
+    """Why ``body``'s JSON shape is refused: more containers than
+    :data:`MAX_CONTAINERS`, or nesting deeper than ``limit``; None when it may be
+    decoded.  A body with no more than ``limit`` brackets cannot be too deep (the
+    ordinary request: two ``bytes.count``)."""
+    brackets = body.count(b"{") + body.count(b"[")
+    if brackets <= limit:
+        return None
+    if brackets > MAX_CONTAINERS:
+        return f"more than {MAX_CONTAINERS} JSON objects and arrays"
+    return f"JSON nests deeper than {limit} levels" if depth_exceeds(body, limit) else None
+
+
+def depth_exceeds(body: bytes, limit: int) -> bool:
+    """Whether ``body``'s JSON nests deeper than ``limit`` objects and arrays.
+
+    msgspec decodes it (in C; it gives up near a thousand levels, which is too deep
+    anyway) and the containers are walked without recursion, stopping at the first
+    one too deep.  Malformed JSON is not this check's to refuse: the envelope's own
+    decode names what is wrong with it."""
     if body.count(b"{") + body.count(b"[") <= limit:
         return False
-    shape = _STRING.sub(b"", body).translate(_BRACKETS, _NOT_BRACKETS)
+    try:
+        value = _generic.decode(body)
+    except RecursionError:
+        return True
+    except msgspec.DecodeError:
+        return False
+    level: list[Any] = [value]
     for _ in range(limit):
-        inner = shape.replace(b"()", b"")
-        if not inner:
+        below: list[Any] = []
+        for v in level:
+            if isinstance(v, dict):
+                below.extend(x for x in v.values() if isinstance(x, dict | list))
+            elif isinstance(v, list):
+                below.extend(x for x in v if isinstance(x, dict | list))
+        if not below:
             return False
-        if len(inner) == len(shape):
-            # Unbalanced (malformed): what is left is ")))(((": the openers never close.
-            return inner.count(b"(") > limit
-        shape = inner
+        level = below
     return True
 
 
@@ -61,9 +89,8 @@ class Limits:
     max_tag: int = 65536
 
     def check_depth(self, body: bytes) -> str | None:
-        if depth_exceeds(body, self.max_depth):
-            return f"Invalid request envelope: JSON nests deeper than {self.max_depth} levels"
-        return None
+        refused = shape_refusal(body, self.max_depth)
+        return None if refused is None else f"Invalid request envelope: {refused}"
 
     def check_request(self, req: rq.Req, body_size: int) -> str | None:
         """The refusal message when ``req`` names an id or tag that is too long."""
