@@ -90,14 +90,17 @@ def _with(data: dict[str, Any], **optional: Any) -> dict[str, Any]:
 
 
 def promise_create(a: argparse.Namespace) -> Request:
-    data = _with(
-        {"id": a.id, "timeoutAt": now_ms() + duration(a.timeout, "--timeout")},
-        param=value_arg(a.param, "--param"),
-        tags=tags_arg(a.tags, "--tags"),
-    )
-    data.setdefault("param", {})
-    data.setdefault("tags", {})
-    return "promise.create", data
+    return "promise.create", _promise_data(a)
+
+
+def _promise_data(a: argparse.Namespace) -> dict[str, Any]:
+    """A new promise from ``id``, ``--timeout``, ``--param`` and ``--tags``."""
+    return {
+        "id": a.id,
+        "timeoutAt": now_ms() + duration(a.timeout, "--timeout"),
+        "param": value_arg(a.param, "--param") or {},
+        "tags": tags_arg(a.tags, "--tags") or {},
+    }
 
 
 def promise_settle(state: str) -> Callable[[argparse.Namespace], Request]:
@@ -117,14 +120,9 @@ def promise_search(a: argparse.Namespace) -> Request:
 
 
 def task_create(a: argparse.Namespace) -> Request:
-    create = _with(
-        {"id": a.id, "timeoutAt": now_ms() + duration(a.timeout, "--timeout")},
-        param=value_arg(a.param, "--param"),
-        tags=tags_arg(a.tags, "--tags"),
-    )
-    create.setdefault("param", {})
+    create = _promise_data(a)
     # A task belongs to a targeted promise (the specification refuses one without).
-    create.setdefault("tags", {}).setdefault("resonate:target", a.target)
+    create["tags"].setdefault("resonate:target", a.target)
     action = {"kind": "promise.create", "head": {}, "data": create}
     return "task.create", {"pid": a.pid, "ttl": duration(a.ttl, "--ttl"), "action": action}
 
