@@ -265,6 +265,10 @@ class App:
             self.metrics.inc("troth_task_bounces_total")
             if hold is not None:
                 self.metrics.inc("troth_task_backoffs_total")
+                if self.delivery is not None:
+                    # The loop sleeps until the earliest due row it last saw (at most
+                    # a second); the held row may come due before that.
+                    self.delivery.wake_here()
         return response
 
     def worker_reported(
