@@ -10,6 +10,10 @@ from __future__ import annotations
 import base64
 import itertools
 import json
+import re
+import sys
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -74,3 +78,71 @@ class TrothProcess:
         raw = promise["value"].get("data")
         value = json.loads(base64.b64decode(raw)) if raw is not None else None
         return promise["state"], value
+
+
+GRANT = re.compile(r"troth\.grants acquired task=(\S+) version=\d+ pid=\S+ corrId=\S+ via=(\S+)")
+ACCESS = re.compile(r"troth\.access (\S+) corrId=\S+ status=(\d+)")
+
+
+class LoggedServer(TrothProcess):
+    """``troth serve`` on a SQLite file or a PostgreSQL database, logging at info;
+    what it did is read from its log (``test_sdk_hitl.py``, ``test_sdk_bounce.py``)."""
+
+    def __init__(
+        self,
+        procs: Procs,
+        store: str,
+        db: Path,
+        postgres_url: str | None,
+        extra: Sequence[str] = (),
+    ) -> None:
+        super().__init__(procs, "server")
+        self.store = store
+        self.db = db
+        self.postgres_url = postgres_url
+        self.extra = list(extra)
+
+    def start(self) -> None:
+        argv = [
+            *[sys.executable, "-m", "troth.cli.main", "serve"],
+            *["--host", "127.0.0.1", "--port", str(self.port), "--store", self.store],
+            *["--log-level", "info"],
+            *self.extra,
+        ]
+        if self.store == "postgres":
+            assert self.postgres_url is not None
+            argv += ["--postgres-url", self.postgres_url]
+        else:
+            argv += ["--db", str(self.db)]
+        self.proc = self.procs.start("server", argv)
+        self.procs.wait_for("GET /ready", self.ready, 30)
+
+    def log(self) -> list[str]:
+        assert self.proc is not None
+        return self.proc.err().splitlines()
+
+    def acquires(self, task: str) -> int:
+        """Leases granted on ``task`` by ``task.acquire`` (not its ``task.create``)."""
+        return sum(
+            1
+            for line in self.log()
+            if (m := GRANT.search(line)) and m[1] == task and m[2] == "task.acquire"
+        )
+
+    def answered(self, kind: str, status: int) -> int:
+        """Requests of ``kind`` answered ``status`` (from the access log)."""
+        return sum(
+            1
+            for line in self.log()
+            if (m := ACCESS.search(line)) and m[1] == kind and int(m[2]) == status
+        )
+
+    def problems(self) -> list[str]:
+        """Tracebacks, error lines and 5xx answers in the server's log."""
+
+        def bad(line: str) -> bool:
+            if line.startswith("Traceback") or " ERROR " in line or " CRITICAL " in line:
+                return True
+            return bool((m := ACCESS.search(line)) and m[2].startswith("5"))
+
+        return [line for line in self.log() if bad(line)]

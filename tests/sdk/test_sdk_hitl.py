@@ -21,8 +21,6 @@ parked workflow is acquired once, when the answer wakes it.
 
 from __future__ import annotations
 
-import re
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -32,7 +30,7 @@ import pytest
 
 from helpers.pg import throwaway_database
 from helpers.sdk_env import NodeSdk, Procs, PythonSdk, build_node_sdk, build_python_sdk
-from helpers.troth_process import TrothProcess
+from helpers.troth_process import LoggedServer as Server
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -45,63 +43,6 @@ MAX_ACQUIRES = 3
 #: Bound on any one SDK program.
 RUN_TIMEOUT = 60.0
 ANSWER = "approved"
-
-GRANT = re.compile(r"troth\.grants acquired task=(\S+) version=\d+ pid=\S+ corrId=\S+ via=(\S+)")
-ACCESS = re.compile(r"troth\.access (\S+) corrId=\S+ status=(\d+)")
-
-
-class Server(TrothProcess):
-    """``troth serve`` on a SQLite file or a PostgreSQL database, logging at info."""
-
-    def __init__(self, procs: Procs, store: str, db: Path, postgres_url: str | None) -> None:
-        super().__init__(procs, "server")
-        self.store = store
-        self.db = db
-        self.postgres_url = postgres_url
-
-    def start(self) -> None:
-        argv = [
-            *[sys.executable, "-m", "troth.cli.main", "serve"],
-            *["--host", "127.0.0.1", "--port", str(self.port), "--store", self.store],
-            *["--log-level", "info"],
-        ]
-        if self.store == "postgres":
-            assert self.postgres_url is not None
-            argv += ["--postgres-url", self.postgres_url]
-        else:
-            argv += ["--db", str(self.db)]
-        self.proc = self.procs.start("server", argv)
-        self.procs.wait_for("GET /ready", self.ready, 30)
-
-    def log(self) -> list[str]:
-        assert self.proc is not None
-        return self.proc.err().splitlines()
-
-    def acquires(self, task: str) -> int:
-        """Leases granted on ``task`` by ``task.acquire`` (not its ``task.create``)."""
-        return sum(
-            1
-            for line in self.log()
-            if (m := GRANT.search(line)) and m[1] == task and m[2] == "task.acquire"
-        )
-
-    def answered(self, kind: str, status: int) -> int:
-        """Requests of ``kind`` answered ``status`` (from the access log)."""
-        return sum(
-            1
-            for line in self.log()
-            if (m := ACCESS.search(line)) and m[1] == kind and int(m[2]) == status
-        )
-
-    def problems(self) -> list[str]:
-        """Tracebacks, error lines and 5xx answers in the server's log."""
-
-        def bad(line: str) -> bool:
-            if line.startswith("Traceback") or " ERROR " in line or " CRITICAL " in line:
-                return True
-            return bool((m := ACCESS.search(line)) and m[2].startswith("5"))
-
-        return [line for line in self.log() if bad(line)]
 
 
 @pytest.fixture(scope="module")

@@ -102,3 +102,8 @@ class OutboxLifecycle(Protocol):
 
     def next_due(self) -> int | None:
         """The earliest ``available_at`` of a pending row."""
+
+    def expedite(self, keys: Sequence[str]) -> int:
+        """The pending rows of ``keys`` that were held back (due later than they were
+        written) become due as written, i.e. at once (a worker connected: a task in
+        backoff need not wait it out); how many.  Attempts stay as they were."""

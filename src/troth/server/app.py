@@ -22,6 +22,7 @@ from troth.protocol.envelope import EnvelopeError, decode_envelope, encode_respo
 from troth.protocol.limits import too_long
 from troth.protocol.records import TaskRecord
 from troth.protocol.requests import BadRequest, decode_data
+from troth.server.bounces import BounceTracker, Refusal
 from troth.server.cluster import Cluster
 from troth.server.config import Settings
 from troth.server.delivery import DeliveryLoop
@@ -60,6 +61,11 @@ def log_grant(kind: str, corr: str, response: Response) -> None:
             corr,
             kind,
         )
+
+
+#: Requests whose answer says something of a task's worker (``App.worker_reported``).
+_WorkerReport = rq.TaskSuspend | rq.TaskFulfill | rq.TaskFence | rq.TaskHeartbeat
+_WORKER_REPORTS = (rq.TaskSuspend, rq.TaskFulfill, rq.TaskFence, rq.TaskHeartbeat)
 
 
 class BodyTooLarge(Exception):
@@ -103,6 +109,7 @@ class App:
         delivery: DeliveryLoop | None = None,
         cluster: Cluster | None = None,
         on_shutdown: Callable[[], Awaitable[None]] | None = None,
+        bounces: BounceTracker | None = None,
     ) -> None:
         self.engine = engine
         self.settings = settings
@@ -115,6 +122,12 @@ class App:
         self.delivery = delivery
         self.cluster = cluster
         self.on_shutdown = on_shutdown
+        #: Tasks that keep bouncing (server/bounces.py): event loop only.
+        self.bounces = bounces or BounceTracker(settings.retry_timeout)
+        tracker = self.bounces
+        self.metrics.gauge(
+            "troth_tasks_in_backoff", lambda: float(tracker.in_backoff(engine.clock()))
+        )
         self.started = False
         self.closing = asyncio.Event()
 
@@ -259,8 +272,12 @@ class App:
         try:
             if kind.startswith("debug."):
                 response = await self.debug(kind, req, env.head.debug_time)
+            elif isinstance(req, rq.TaskRelease):
+                response = await self.release(req, now, {"version": env.head.version})
             else:
                 response = await self.engine.request(req, now, {"version": env.head.version})
+                if isinstance(req, _WORKER_REPORTS):
+                    self.worker_reported(req, kind, corr, now, response)
         except StoreUnavailable as exc:
             # The database is down or restarting, or the batch lost every attempt to
             # concurrent writers: the request may be sent again (the message says
@@ -282,6 +299,40 @@ class App:
         if response.status == 200 and isinstance(req, rq.TaskAcquire | rq.TaskCreate):
             log_grant(kind, corr, response)
         await self.answer(send, kind, corr, response.status, response.data, started)
+
+    async def release(self, req: rq.TaskRelease, now: int, head: dict[str, Any]) -> Response:
+        """``task.release``: a bounce of its task; after enough of them in a row, its
+        re-emitted ``execute`` is held back (``server/bounces.py``)."""
+        hold = self.bounces.hold(req.id, now)
+        delay = 0 if hold is None else hold.delay_ms
+        response, address = await self.engine.release(req, now, head, delay)
+        if response.status == 200:
+            self.bounces.bounced(req.id, now, hold, address)
+            self.metrics.inc("troth_task_bounces_total")
+            if hold is not None:
+                self.metrics.inc("troth_task_backoffs_total")
+                if self.delivery is not None:
+                    # The loop sleeps until the earliest due row it last saw (at most
+                    # a second); the held row may come due before that.
+                    self.delivery.wake_here()
+        return response
+
+    def worker_reported(
+        self, req: _WorkerReport, kind: str, corr: str, now: int, response: Response
+    ) -> None:
+        """What a worker's suspend, fulfil, fence or heartbeat says of its task:
+        progress (a suspend or fulfil that was not refused) ends its bounce episode;
+        a refusal is remembered, for the warning its backoff logs."""
+        if response.status < 400:
+            if isinstance(req, rq.TaskSuspend | rq.TaskFulfill):
+                self.bounces.progressed(req.id)
+            return
+        refusal = Refusal(kind, response.status, str(response.data), corr)
+        if isinstance(req, rq.TaskHeartbeat):
+            for ref in req.tasks:
+                self.bounces.refused(ref.id, now, refusal)
+        else:
+            self.bounces.refused(req.id, now, refusal)
 
     async def answer(
         self, send: Send, kind: str, corr: str, status: int, data: object, started: float
@@ -318,6 +369,7 @@ class App:
             return
         if self.cluster is not None:
             await self.cluster.connected()  # peers route this address here from now on
+        await self.expedite(group)
         await send(
             {
                 "type": "http.response.start",
@@ -395,6 +447,21 @@ class App:
             raise
         delivery.done.set_result(True)
 
+    async def expedite(self, group: str) -> None:
+        """A worker of ``group`` connected: the tasks of that group held back by the
+        bounce backoff are offered now (it may have the function the others lack)."""
+        keys = self.bounces.expedite(group)
+        if not keys or self.delivery is None:
+            return
+        life = self.delivery.calls.life
+        try:
+            n = await self.delivery.calls(lambda: life.expedite(keys))
+        except Exception as exc:  # a courtesy: the rows come due by themselves anyway
+            log.warning("could not expedite %d tasks of group %s: %s", len(keys), group, exc)
+            return
+        if n:
+            log.info("worker of group %s connected: %d backed-off tasks offered now", group, n)
+
     async def debug(self, kind: str, req: rq.Req, debug_time: int | None) -> Response:
         """The debug surface (only with ``--debug``): pause, reset, inspect, fire."""
         engine = self.engine
@@ -409,6 +476,7 @@ class App:
             engine.resume()
         elif kind == "debug.reset":
             await engine.exclusive(engine.store.reset)
+            self.bounces.clear()
         elif kind == "debug.snap":
             return Response(200, await engine.exclusive(engine.store.snapshot))
         return Response(200, {})

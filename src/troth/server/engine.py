@@ -152,6 +152,27 @@ class Engine:
             lambda tx: handle(tx, req, now, self.config, head), now, lock_keys(req)
         )
 
+    async def release(
+        self, req: rq.TaskRelease, now: int, head: dict[str, Any], delay_ms: int
+    ) -> tuple[Response, str | None]:
+        """``task.release``, its re-emitted ``execute`` (r6, same commit) held back by
+        ``delay_ms`` when that is positive (the server's bounce backoff,
+        ``server/bounces.py``; the machine itself is untouched); also where that
+        execute went (None if the job wrote none).  The delay is a value fixed before
+        the job runs, so a batch that re-runs (PostgreSQL) writes the same row."""
+
+        def job(tx: Overlay) -> tuple[Response, str | None]:
+            response = handle(tx, req, now, self.config, head)
+            if response.status != 200:
+                return response, None
+            if delay_ms > 0:
+                entry = tx.hold_message(req.id, now + delay_ms)
+            else:
+                entry = tx.writes.messages.get(req.id)
+            return response, None if entry is None else entry.address
+
+        return await self.run(job, now, lock_keys(req))
+
     async def tick(self, now: int) -> int:
         """Fire every step due at ``now`` until nothing more is due (``debug.tick``)."""
         total = 0

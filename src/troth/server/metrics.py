@@ -41,6 +41,18 @@ HELP = {
     "troth_sse_connections": ("gauge", "Open SSE (poll) connections."),
     "troth_commit_batches_total": ("counter", "Store transactions committed by the writer."),
     "troth_commit_jobs_total": ("counter", "Jobs (requests, timer passes) in those transactions."),
+    "troth_task_bounces_total": (
+        "counter",
+        "task.release answered 200: a task given back without progress (a bounce).",
+    ),
+    "troth_task_backoffs_total": (
+        "counter",
+        "Bounces whose re-emitted execute was held back (the bounce backoff).",
+    ),
+    "troth_tasks_in_backoff": (
+        "gauge",
+        "Tasks bouncing without progress whose execute is being held back (this node).",
+    ),
     "troth_timer_passes_total": ("counter", "Timer passes that fired due internal steps."),
     "troth_store_batch_reruns": (
         "gauge",

@@ -129,6 +129,17 @@ class Overlay:
         self.writes.messages.pop(key, None)  # keep emission order: latest last
         self.writes.messages[key] = OutboxEntry(address, message)
 
+    def hold_message(self, key: str, available_at: int) -> OutboxEntry | None:
+        """Let the message this job wrote under ``key`` be claimed only from
+        ``available_at`` on; the message, or None if the job wrote none under it.
+
+        Not the machine's (it stays pure and per the specification): the server calls
+        it after ``handle`` returned, to back off a task that keeps bouncing."""
+        entry = self.writes.messages.get(key)
+        if entry is not None:
+            self.writes.available_at[key] = available_at
+        return entry
+
     def scan_promises(
         self, states: Collection[str] | None, tags: Tags, after: str | None, limit: int
     ) -> list[Promise]:

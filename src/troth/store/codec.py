@@ -187,12 +187,17 @@ class RowCodec:
             o(r[8]),
         )
 
-    def message_row(self, key: str, entry: OutboxEntry, now: int) -> tuple[Any, ...]:
+    def message_row(
+        self, key: str, entry: OutboxEntry, now: int, available_at: int | None = None
+    ) -> tuple[Any, ...]:
+        """The pending row's columns: created at ``now``, claimable from
+        ``available_at`` (``now`` unless the server holds it back: ``Writes``)."""
         m = entry.message
         at = self.int_in(now)
+        due = at if available_at is None else self.int_in(available_at)
         if isinstance(m, Execute):
-            return (key, entry.address, "execute", m.task_id, self.int_in(m.version), None, at)
-        return (key, entry.address, "unblock", None, None, json_text(m.promise), at)
+            return (key, entry.address, "execute", m.task_id, self.int_in(m.version), None, at, due)
+        return (key, entry.address, "unblock", None, None, json_text(m.promise), at, due)
 
     @staticmethod
     def destination(address: str) -> tuple[str | None, str | None, str | None]:

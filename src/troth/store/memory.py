@@ -172,12 +172,14 @@ class MemoryBackend(Backend):
             else:
                 self.schedules[id] = s
                 heapq.heappush(self.s_heap, (s.next_run_at, id))
+        held = writes.available_at
         for key, entry in writes.messages.items():
             old_id = self.pending_by_key.pop(key, None)
             if old_id is not None:
                 self.outbox.pop(old_id, None)
+            due = held.get(key, now) if held else now
             row = OutboxRow(
-                id=next(self.seq), entry=entry, created_at=now, available_at=now, updated_at=now
+                id=next(self.seq), entry=entry, created_at=now, available_at=due, updated_at=now
             )
             self.outbox[row.id] = row
             self.pending_by_key[key] = row.id
@@ -316,3 +318,11 @@ class MemoryOutboxTable(OutboxTable):
     def next_due(self) -> int | None:
         due = [r.available_at for r in self.b.outbox.values() if r.state == RowState.PENDING]
         return min(due) if due else None
+
+    def expedite(self, key: str) -> int:
+        row_id = self.b.pending_by_key.get(key)
+        row = None if row_id is None else self.b.outbox.get(row_id)
+        if row is None or row.available_at <= row.created_at:
+            return 0
+        row.available_at = row.created_at
+        return 1

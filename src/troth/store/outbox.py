@@ -80,6 +80,10 @@ class OutboxTable(ABC):
     @abstractmethod
     def next_due(self) -> int | None: ...
 
+    @abstractmethod
+    def expedite(self, key: str) -> int:
+        """The pending row of ``key``, if held back, due as written (its ``created_at``)."""
+
 
 def settle_row(table: OutboxTable, s: Settlement) -> bool:
     """One settlement by the rules of ``outbox.rows``; False if the row does not match."""
@@ -171,6 +175,10 @@ class SqlOutboxTable(OutboxTable):
         found: int | None = self.codec.int_out(self.cur.execute(self.q["next_due"]).fetchone()[0])
         return found
 
+    def expedite(self, key: str) -> int:
+        count: int = self.cur.execute(self.q["expedite"], (key,)).rowcount
+        return count
+
 
 class OutboxStore(ABC):
     """``outbox.rows.OutboxLifecycle`` over a dialect's :class:`OutboxTable`."""
@@ -216,6 +224,11 @@ class OutboxStore(ABC):
 
     def next_due(self) -> int | None:
         return self.read(lambda t: t.next_due())
+
+    def expedite(self, keys: Sequence[str]) -> int:
+        if not keys:
+            return 0
+        return self.write(lambda t: sum(t.expedite(key) for key in keys))
 
 
 def settle_one(

@@ -15,6 +15,10 @@ class Writes:
     tasks: dict[str, Task] = field(default_factory=dict)
     schedules: dict[str, Schedule | None] = field(default_factory=dict)
     messages: dict[str, OutboxEntry] = field(default_factory=dict)
+    #: When a message of ``messages`` may first be claimed, by key, where not at once
+    #: (the job's ``now``): the server's backoff of a task that keeps bouncing
+    #: (``server/bounces.py``).  Set by the server after the machine ran, never by it.
+    available_at: dict[str, int] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
         return bool(self.promises or self.tasks or self.schedules or self.messages)

@@ -80,10 +80,12 @@ def _columns(rows: Sequence[tuple[Any, ...]], numeric: frozenset[int]) -> list[l
     return cols
 
 
-def _message_row(key: str, entry: OutboxEntry, now: int) -> tuple[Any, ...]:
+def _message_row(
+    key: str, entry: OutboxEntry, now: int, available_at: int | None
+) -> tuple[Any, ...]:
     """The codec's message row plus its parsed ``poll://`` destination (claims route
     on it: ``claim_routed``)."""
-    return CODEC.message_row(key, entry, now) + CODEC.destination(entry.address)
+    return CODEC.message_row(key, entry, now, available_at) + CODEC.destination(entry.address)
 
 
 def _messages_statement(rows: Sequence[tuple[Any, ...]]) -> tuple[str, list[list[Any]]]:
@@ -441,7 +443,11 @@ class PostgresBackend(Backend):
                 statements.append((sql, CODEC.task_row(writes.tasks[id])))
             statements += self._schedule_statements(writes)
             if writes.messages:
-                rows = [_message_row(key, e, now) for key, e in writes.messages.items()]
+                held = writes.available_at
+                rows = [
+                    _message_row(key, e, now, held.get(key) if held else None)
+                    for key, e in writes.messages.items()
+                ]
                 statements.append(_messages_statement(rows))
             if len(statements) == 1:
                 self.cur.execute(*statements[0])
@@ -485,9 +491,11 @@ class PostgresBackend(Backend):
             insert = earlier[1] if earlier else self.seen_tasks.get(id) is False
             self.pending_tasks[id] = (CODEC.task_row(t), insert)
         self.pending_schedules += self._schedule_statements(writes)
+        held = writes.available_at
         for key, entry in writes.messages.items():
             self.pending_messages.pop(key, None)  # a newer message goes to the back
-            self.pending_messages[key] = _message_row(key, entry, now)
+            due = held.get(key) if held else None
+            self.pending_messages[key] = _message_row(key, entry, now, due)
 
     # -- whole-store reads -----------------------------------------------------------------
 

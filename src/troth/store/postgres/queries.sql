@@ -101,10 +101,10 @@ INSERT INTO tasks (id, state, version, ttl, pid, expires_at, retry_at, resumes) 
 INSERT INTO outbox (key, address, kind, task_id, version, promise, created_at, state,
     attempts, available_at, updated_at, dest_cast, dest_group, dest_id) SELECT m.key,
     m.address, m.kind, m.task_id, m.version::numeric, m.promise, m.now::numeric, 'pending',
-    0, m.now::numeric, m.now::numeric, m.cast_, m.grp, m.dest FROM unnest(%b::text[],
+    0, m.due::numeric, m.now::numeric, m.cast_, m.grp, m.dest FROM unnest(%b::text[],
     %b::text[], %b::text[], %b::text[], %b::text[], %b::text[], %b::text[], %b::text[],
-    %b::text[], %b::text[]) WITH ORDINALITY AS m(key, address, kind, task_id, version,
-    promise, now, cast_, grp, dest, ord) ORDER BY m.ord ON CONFLICT (key) WHERE state =
+    %b::text[], %b::text[], %b::text[]) WITH ORDINALITY AS m(key, address, kind, task_id,
+    version, promise, now, due, cast_, grp, dest, ord) ORDER BY m.ord ON CONFLICT (key) WHERE state =
     'pending' DO UPDATE SET id = excluded.id, address = excluded.address, kind =
     excluded.kind, task_id = excluded.task_id, dest_cast = excluded.dest_cast, dest_group =
     excluded.dest_group, dest_id = excluded.dest_id, version = excluded.version, promise =
@@ -218,6 +218,12 @@ DELETE FROM outbox WHERE state = 'completed' AND updated_at < %s
 
 -- name: next_due
 SELECT min(available_at) FROM outbox WHERE state = 'pending'
+
+-- A pending row held back (the server's bounce backoff, a requeue) due as written,
+-- i.e. at once: a worker connected.
+-- name: expedite
+UPDATE outbox SET available_at = created_at WHERE key = %s AND state = 'pending' AND
+    available_at > created_at
 
 -- At COMMIT a notifying transaction takes one database-wide lock, held by other
 -- notifying commits through their flush: waiting for it is no deadlock risk, so the

@@ -52,7 +52,7 @@ DELETE FROM outbox WHERE key = ? AND state = 'pending'
 -- name: insert_message
 INSERT INTO outbox (key, address, kind, task_id, version, promise, created_at,
                     state, attempts, available_at, updated_at)
-VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'pending', 0, ?7, ?7)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'pending', 0, ?8, ?7)
 
 -- name: promises_in_branch
 SELECT id, state, param, value, tags, timeout_at, created_at, settled_at, callbacks, listeners
@@ -128,3 +128,9 @@ DELETE FROM outbox WHERE state = 'completed' AND updated_at < ?
 
 -- name: next_due
 SELECT min(available_at) FROM outbox WHERE state = 'pending'
+
+-- A pending row held back (the server's bounce backoff, a requeue) due as written,
+-- i.e. at once: a worker connected.
+-- name: expedite
+UPDATE outbox SET available_at = created_at
+WHERE key = ? AND state = 'pending' AND available_at > created_at

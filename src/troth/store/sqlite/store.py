@@ -212,9 +212,11 @@ class SqliteBackend(Backend):
                 execute(_Q["delete_schedule"], (id,))
             else:
                 execute(_Q["upsert_schedule"], _CODEC.schedule_row(s))
+        held = writes.available_at
         for key, entry in writes.messages.items():
             execute(_Q["delete_pending_message"], (key,))
-            execute(_Q["insert_message"], _CODEC.message_row(key, entry, now))
+            row = _CODEC.message_row(key, entry, now, held.get(key) if held else None)
+            execute(_Q["insert_message"], row)
 
     # -- whole-store reads -----------------------------------------------------------------
 
