@@ -26,8 +26,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from helpers.pg import throwaway_database
-from helpers.sdk_env import NodeSdk, Procs, build_node_sdk
+from helpers.sdk_env import NodeSdk, Procs
 from helpers.troth_process import GRANT, LoggedServer
 
 pytestmark = pytest.mark.timeout(180)
@@ -52,36 +51,6 @@ def stamp(line: str) -> datetime:
     m = STAMP.match(line)
     assert m is not None, line
     return datetime.strptime(m[1], "%Y-%m-%d %H:%M:%S,%f")
-
-
-@pytest.fixture(scope="module")
-def node_sdk() -> NodeSdk:
-    return build_node_sdk()
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def store(request: pytest.FixtureRequest) -> str:
-    name: str = request.param
-    return name
-
-
-@pytest.fixture
-def postgres_url(store: str) -> Iterator[str | None]:
-    if store != "postgres":
-        yield None
-        return
-    with throwaway_database("troth_bounce") as url:
-        yield url
-
-
-@pytest.fixture
-def procs(postgres_url: str | None, tmp_path: Path) -> Iterator[Procs]:
-    group = Procs(tmp_path)
-    try:
-        yield group
-    finally:
-        group.close()
-        print(f"\nlogs of this test: {group.logs}\n{group.report()}")
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from helpers.sdk_env import NodeSdk, Proc, Procs, PythonSdk, build_node_sdk, build_python_sdk
+from helpers.sdk_env import NodeSdk, Proc, Procs, PythonSdk
 from helpers.troth_process import TrothProcess
 
 pytestmark = pytest.mark.timeout(180)
@@ -89,18 +89,6 @@ class TrothServer(TrothProcess):
                 elif " ERROR " in line or " CRITICAL " in line or "Exception in" in line:
                     bad.append(f"{p.name}: {line}")
         return bad
-
-
-@pytest.fixture(scope="module")
-def python_sdk() -> PythonSdk:
-    """resonate-sdk 0.8.1 on Python 3.12, built on first use and cached."""
-    return build_python_sdk()
-
-
-@pytest.fixture(scope="module")
-def node_sdk() -> NodeSdk:
-    """@resonatehq/sdk 0.11.5 on the machine's Node, built on first use and cached."""
-    return build_node_sdk()
 
 
 @pytest.fixture

@@ -28,8 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.pg import throwaway_database
-from helpers.sdk_env import NodeSdk, Procs, PythonSdk, build_node_sdk, build_python_sdk
+from helpers.sdk_env import NodeSdk, Procs, PythonSdk
 from helpers.troth_process import LoggedServer as Server
 
 pytestmark = pytest.mark.timeout(180)
@@ -43,44 +42,6 @@ MAX_ACQUIRES = 3
 #: Bound on any one SDK program.
 RUN_TIMEOUT = 60.0
 ANSWER = "approved"
-
-
-@pytest.fixture(scope="module")
-def python_sdk() -> PythonSdk:
-    return build_python_sdk()
-
-
-@pytest.fixture(scope="module")
-def node_sdk() -> NodeSdk:
-    return build_node_sdk()
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def store(request: pytest.FixtureRequest) -> str:
-    name: str = request.param
-    return name
-
-
-@pytest.fixture
-def postgres_url(store: str) -> Iterator[str | None]:
-    """A database of this test's own for the postgres backend (dropped after)."""
-    if store != "postgres":
-        yield None
-        return
-    with throwaway_database("troth_hitl") as url:
-        yield url
-
-
-@pytest.fixture
-def procs(postgres_url: str | None, tmp_path: Path) -> Iterator[Procs]:
-    """Children of one test, killed at teardown (before the database is dropped);
-    their logs are printed then, which pytest shows only for a failed test."""
-    group = Procs(tmp_path)
-    try:
-        yield group
-    finally:
-        group.close()
-        print(f"\nlogs of this test: {group.logs}\n{group.report()}")
 
 
 @pytest.fixture

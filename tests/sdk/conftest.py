@@ -1,0 +1,50 @@
+"""Fixtures the SDK tests share: the SDKs' environments (built once per module), the
+store each test runs on, its own PostgreSQL database, and its child processes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from helpers.pg import throwaway_database
+from helpers.sdk_env import NodeSdk, Procs, PythonSdk, build_node_sdk, build_python_sdk
+
+
+@pytest.fixture(scope="module")
+def python_sdk() -> PythonSdk:
+    return build_python_sdk()
+
+
+@pytest.fixture(scope="module")
+def node_sdk() -> NodeSdk:
+    return build_node_sdk()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store(request: pytest.FixtureRequest) -> str:
+    name: str = request.param
+    return name
+
+
+@pytest.fixture
+def postgres_url(store: str) -> Iterator[str | None]:
+    """A database of this test's own for the postgres backend (dropped after)."""
+    if store != "postgres":
+        yield None
+        return
+    with throwaway_database("troth_sdk") as url:
+        yield url
+
+
+@pytest.fixture
+def procs(postgres_url: str | None, tmp_path: Path) -> Iterator[Procs]:
+    """Children of one test, killed at teardown (before the database is dropped);
+    their logs are printed then, which pytest shows only for a failed test."""
+    group = Procs(tmp_path)
+    try:
+        yield group
+    finally:
+        group.close()
+        print(f"\nlogs of this test: {group.logs}\n{group.report()}")
