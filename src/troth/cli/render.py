@@ -7,6 +7,7 @@ import base64
 import binascii
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Sequence
@@ -24,6 +25,7 @@ _STATE_COLOURS: Final = {
     "rejected_timedout": "31",
     "halted": "31",
 }
+_ANSI: Final = re.compile(r"\x1b\[[0-9;]*m")
 #: Instants this far out are "never" in practice (the SDKs' "no timeout").
 _FAR_MS: Final = 100 * 365 * 86_400_000
 
@@ -117,11 +119,7 @@ class Renderer:
         self.now = time.time_ns() // 1_000_000
 
     def plain(self, text: str) -> str:
-        if "\x1b[" not in text:
-            return text
-        import re
-
-        return re.sub(r"\x1b\[[0-9;]*m", "", text)
+        return _ANSI.sub("", text) if "\x1b[" in text else text
 
     def state(self, state: str) -> str:
         return paint(state, state, self.colour)

@@ -18,8 +18,8 @@ from typing import Any, Final, TextIO
 
 from troth.cli.remote import Remote, RemoteError
 from troth.cli.render import Renderer, paint, relative
+from troth.protocol.records import TAG_ORIGIN, TAG_TARGET
 
-TAG_ORIGIN: Final = "resonate:origin"
 TAG_PARENT: Final = "resonate:parent"
 #: Settled siblings in a row beyond which the middle ones fold into one line.
 FOLD_AFTER: Final = 6
@@ -89,7 +89,7 @@ def fetch(remote: Remote, root: str) -> Node:
             nodes[root].children.append(node)  # lineage lost: show it under the root
     for node in nodes.values():
         node.children.sort(key=lambda n: (n.promise.get("createdAt", 0), n.id))
-        if "resonate:target" in (node.promise.get("tags") or {}) or node.id == root:
+        if TAG_TARGET in (node.promise.get("tags") or {}) or node.id == root:
             try:
                 node.task = remote.ok("task.get", {"id": node.id}).get("task")
             except RemoteError as exc:

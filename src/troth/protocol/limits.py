@@ -48,18 +48,16 @@ def shape_refusal(body: bytes, limit: int) -> str | None:
         return None
     if brackets > MAX_CONTAINERS:
         return f"more than {MAX_CONTAINERS} JSON objects and arrays"
-    return f"JSON nests deeper than {limit} levels" if depth_exceeds(body, limit) else None
+    return f"JSON nests deeper than {limit} levels" if _nests_deeper(body, limit) else None
 
 
-def depth_exceeds(body: bytes, limit: int) -> bool:
+def _nests_deeper(body: bytes, limit: int) -> bool:
     """Whether ``body``'s JSON nests deeper than ``limit`` objects and arrays.
 
     msgspec decodes it (in C; it gives up near a thousand levels, which is too deep
     anyway) and the containers are walked without recursion, stopping at the first
     one too deep.  Malformed JSON is not this check's to refuse: the envelope's own
     decode names what is wrong with it."""
-    if body.count(b"{") + body.count(b"[") <= limit:
-        return False
     try:
         value = _generic.decode(body)
     except RecursionError:
@@ -87,10 +85,6 @@ class Limits:
     max_depth: int = 64
     max_id: int = 1024
     max_tag: int = 65536
-
-    def check_depth(self, body: bytes) -> str | None:
-        refused = shape_refusal(body, self.max_depth)
-        return None if refused is None else f"Invalid request envelope: {refused}"
 
     def check_request(self, req: rq.Req, body_size: int) -> str | None:
         """The refusal message when ``req`` names an id or tag that is too long."""

@@ -65,7 +65,6 @@ def log_grant(kind: str, corr: str, response: Response) -> None:
 
 #: Requests whose answer says something of a task's worker (``App.worker_reported``).
 _WorkerReport = rq.TaskSuspend | rq.TaskFulfill | rq.TaskFence | rq.TaskHeartbeat
-_WORKER_REPORTS = (rq.TaskSuspend, rq.TaskFulfill, rq.TaskFence, rq.TaskHeartbeat)
 
 
 class BodyTooLarge(Exception):
@@ -276,7 +275,7 @@ class App:
                 response = await self.release(req, now, {"version": env.head.version})
             else:
                 response = await self.engine.request(req, now, {"version": env.head.version})
-                if isinstance(req, _WORKER_REPORTS):
+                if isinstance(req, _WorkerReport):
                     self.worker_reported(req, kind, corr, now, response)
         except StoreUnavailable as exc:
             # The database is down or restarting, or the batch lost every attempt to

@@ -168,7 +168,7 @@ class Engine:
             if delay_ms > 0:
                 entry = tx.hold_message(req.id, now + delay_ms)
             else:
-                entry = tx.writes.messages.get(req.id)
+                entry = tx.written_message(req.id)
             return response, None if entry is None else entry.address
 
         return await self.run(job, now, lock_keys(req))

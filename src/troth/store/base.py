@@ -135,10 +135,15 @@ class Overlay:
 
         Not the machine's (it stays pure and per the specification): the server calls
         it after ``handle`` returned, to back off a task that keeps bouncing."""
-        entry = self.writes.messages.get(key)
+        entry = self.written_message(key)
         if entry is not None:
             self.writes.available_at[key] = available_at
         return entry
+
+    def written_message(self, key: str) -> OutboxEntry | None:
+        """The message this job wrote under ``key``, if any (the server asks after
+        ``handle`` returned; the machine never needs to)."""
+        return self.writes.messages.get(key)
 
     def scan_promises(
         self, states: Collection[str] | None, tags: Tags, after: str | None, limit: int

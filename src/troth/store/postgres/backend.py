@@ -99,6 +99,11 @@ TABLES: Final = ("promises", "tasks", "schedules")
 Touched = dict[str, set[str]]
 # ORDER BY before FOR UPDATE: rows are locked in sorted id order.
 _PRELOCK: Final = {table: Q[f"prelock_{table}"] for table in TABLES}
+#: What a row of each table is called in messages, and its point read and due list
+#: (looked up once here, not per read on the request path).
+_KIND: Final = {"promises": "promise", "tasks": "task", "schedules": "schedule"}
+_GET: Final = {table: Q[f"get_{_KIND[table]}"] for table in TABLES}
+_DUE: Final = {table: Q[f"due_{table}"] for table in ("promises", "tasks")}
 
 
 def _scan_sql(
@@ -298,9 +303,8 @@ class PostgresBackend(Backend):
             return held[id]
         self.flush()
         self.touched[table].add(id)
-        kind = table[:-1]
-        r = self.cur.execute(Q[f"get_{kind}"], params).fetchone()
-        self._seen(self.seen[table], kind, id, r is not None)
+        r = self.cur.execute(_GET[table], params).fetchone()
+        self._seen(self.seen[table], _KIND[table], id, r is not None)
         found = None if r is None else decode(r)
         if held is not None:
             held[id] = found
@@ -386,10 +390,10 @@ class PostgresBackend(Backend):
         serve the timer's next reads."""
         self.flush()
         ids: list[str] = []
-        for r in self.cur.execute(Q[f"due_{table}"], params):
+        for r in self.cur.execute(_DUE[table], params):
             row = decode(r)
             self.touched[table].add(row.id)
-            self._seen(self.seen[table], table[:-1], row.id, True)
+            self._seen(self.seen[table], _KIND[table], row.id, True)
             held.setdefault(row.id, row)
             ids.append(row.id)
         return ids
