@@ -37,7 +37,8 @@ _I64_MAX: Final = 2**63 - 1
 
 
 def _int_in(n: int | None) -> int | bytes | None:
-    """An integer as SQLite can store it (see the module docstring for BLOBs)."""
+    """An integer as SQLite can store it: beyond 64 bits a BLOB that sorts after every
+    INTEGER and, among BLOBs, numerically (docs/architecture.md, "SQLite")."""
     if n is None or _I64_MIN <= n <= _I64_MAX:
         return n
     if n < 0:
