@@ -160,7 +160,7 @@ class PostgresBackend(Backend):
 
     ``seen_*`` maps every id a point read looked up to whether it was there (and
     is now locked).  ``False`` is a promise this transaction relies on: the row
-    must not appear (see the module docstring).
+    must not appear ("Absent rows lock nothing", docs/architecture.md).
     """
 
     def __init__(self, cur: Cur, *, defer: bool = False) -> None:

@@ -78,8 +78,9 @@ class PostgresStore(Session, Store):
     def commit(self) -> None:
         self.conn.commit()
 
-    # Savepoints are part of the Store interface; execute() does not use them (see the
-    # module docstring), but they work for a caller that drives a transaction itself.
+    # Savepoints are part of the Store interface; execute() does not use them (see "No
+    # savepoint per job", docs/architecture.md), but they work for a caller that drives
+    # a transaction itself.
 
     def savepoint(self) -> None:
         self.cur.execute("SAVEPOINT troth_job")
