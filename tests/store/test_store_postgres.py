@@ -108,6 +108,7 @@ def test_a_fresh_database_is_migrated_once() -> None:
             "outbox",
             "nodes",
             "connections",
+            "worker_groups",
         }
         PostgresStore(url).close()  # reopening applies nothing again
         with raw(url) as conn:

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from troth.cli.durations import parse_duration
+from troth.cli.inspect import show_explain, show_outbox, show_workers
 from troth.cli.remote import DEFAULT_SERVER, Remote, RemoteError, Unreachable
 from troth.cli.render import Renderer
 from troth.cli.tree import show_tree
@@ -383,13 +384,41 @@ def add_client_commands(sub: Any) -> None:
     p.add_argument("--target", default="poll://any@default", help="worker group address")
     p.add_argument("--delay", help="start after this duration, e.g. 5m")
 
-    p = _command(sub, "tree", _tree, common, "a workflow's call graph, with states and tasks")
+    p = _command(
+        sub, "tree", _local("tree"), common, "a workflow's call graph, with states and tasks"
+    )
     p.add_argument("id", help="the workflow's root promise id")
     p.add_argument("--all", action="store_true", help="unfold long runs of settled siblings")
 
+    p = _command(sub, "explain", _local("explain"), common, "why a workflow is not done")
+    p.add_argument("id", help="a promise id (a workflow's root, or any of its promises)")
+    _command(sub, "workers", _local("workers"), common, "connected workers by group and node")
+    p = _command(sub, "outbox", _outbox, common, "outbox rows (messages to deliver), newest first")
+    p.add_argument(
+        "--state", choices=["pending", "dispatching", "completed", "failed", "outcome_unknown"]
+    )
+    p.add_argument("--task", help="only the executes written for this task")
+    p.add_argument("--limit", type=int, default=50)
+    p.add_argument("--before", help="rows older than this id (the next page)")
 
-def _tree(a: argparse.Namespace) -> Request:
-    return "tree", {"id": a.id}  # not one request: run_client draws it (cli/tree.py)
+
+def _local(kind: str) -> Callable[[argparse.Namespace], Request]:
+    """Commands that are not one protocol request: run_client runs them (LOCAL)."""
+    return lambda a: (kind, {"id": a.id} if hasattr(a, "id") else {})
+
+
+def _outbox(a: argparse.Namespace) -> Request:
+    params = {"state": a.state, "task": a.task, "limit": str(a.limit), "before": a.before}
+    return "outbox", {k: v for k, v in params.items() if v}
+
+
+#: Commands drawn from several requests or from troth's operator API.
+LOCAL: Final[dict[str, Callable[[Remote, dict[str, Any], Renderer, argparse.Namespace], None]]] = {
+    "tree": lambda remote, data, r, a: show_tree(remote, data["id"], r, unfold=a.all),
+    "explain": lambda remote, data, r, a: show_explain(remote, data["id"], r),
+    "workers": lambda remote, data, r, a: show_workers(remote, r),
+    "outbox": lambda remote, data, r, a: show_outbox(remote, r, data),
+}
 
 
 def _by_id(kind: str) -> Callable[[argparse.Namespace], Request]:
@@ -407,8 +436,9 @@ def run_client(args: argparse.Namespace) -> int:
     remote = Remote(args.server, args.token)
     renderer = Renderer(sys.stdout, as_json=args.json)
     try:
-        if kind == "tree":
-            show_tree(remote, data["id"], renderer, unfold=args.all)
+        local = LOCAL.get(kind)
+        if local is not None:
+            local(remote, data, renderer, args)
             return 0
         answer = remote.ok(kind, data)
     except RemoteError as exc:

@@ -70,3 +70,23 @@ class Remote:
             message = body if isinstance(body, str) else str(body)
             raise RemoteError(kind, status, message)
         return body
+
+    def operator(self, path: str, params: dict[str, str]) -> Any:
+        """``GET /ops/<path>`` (troth's operator API, server/operator.py): its JSON;
+        raises :class:`RemoteError` on a refusal, :class:`Unreachable` without one."""
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        url = self.server.rstrip("/") + "/ops/" + path
+        try:
+            response = httpx.get(url, params=params, headers=headers, timeout=self.timeout)
+        except httpx.HTTPError as exc:
+            raise Unreachable(f"{self.server} did not answer: {exc}") from exc
+        try:
+            body = response.json()
+        except ValueError as exc:
+            raise Unreachable(f"{self.server} did not answer /ops/{path} with JSON") from exc
+        if response.status_code != 200:
+            message = body.get("error") if isinstance(body, dict) else None
+            if response.status_code == 404 and message is None:
+                message = "no operator API here (is this a troth server?)"
+            raise RemoteError(f"ops/{path}", response.status_code, str(message or body))
+        return body

@@ -11,8 +11,9 @@ import re
 import sys
 import time
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from typing import Any, Final, TextIO
+
+from troth.ops.times import instant, relative, span
 
 _STATE_COLOURS: Final = {
     "pending": "33",  # yellow
@@ -26,8 +27,6 @@ _STATE_COLOURS: Final = {
     "halted": "31",
 }
 _ANSI: Final = re.compile(r"\x1b\[[0-9;]*m")
-#: Instants this far out are "never" in practice (the SDKs' "no timeout").
-_FAR_MS: Final = 100 * 365 * 86_400_000
 
 
 def colour_wanted(out: TextIO) -> bool:
@@ -38,41 +37,6 @@ def colour_wanted(out: TextIO) -> bool:
 def paint(text: str, state: str, colour: bool) -> str:
     code = _STATE_COLOURS.get(state)
     return f"\x1b[{code}m{text}\x1b[0m" if colour and code else text
-
-
-def relative(ms: int, now_ms: int) -> str:
-    """``in 4m12s`` / ``3s ago`` / ``now``."""
-    delta = ms - now_ms
-    if abs(delta) < 1000:
-        return "now"
-    text = span(abs(delta))
-    return f"in {text}" if delta > 0 else f"{text} ago"
-
-
-def span(ms: int) -> str:
-    """A duration, its two largest units: ``2d3h``, ``4m12s``, ``850ms``."""
-    if ms < 1000:
-        return f"{ms}ms"
-    seconds = ms // 1000
-    parts = []
-    for unit, size in (("d", 86_400), ("h", 3_600), ("m", 60), ("s", 1)):
-        if seconds >= size:
-            parts.append(f"{seconds // size}{unit}")
-            seconds %= size
-    return "".join(parts[:2])
-
-
-def instant(ms: int | None, now_ms: int) -> str:
-    """Absolute UTC time and how far from now; ``-`` for none, ``never`` for far out."""
-    if ms is None:
-        return "-"
-    if ms - now_ms > _FAR_MS:
-        return "never"
-    try:
-        when = datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-    except (OverflowError, OSError, ValueError):
-        return str(ms)
-    return f"{when} ({relative(ms, now_ms)})"
 
 
 def payload(value: Any) -> str:

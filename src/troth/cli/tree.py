@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any, Final, TextIO
 
 from troth.cli.remote import Remote, RemoteError
-from troth.cli.render import Renderer, paint, relative
+from troth.cli.render import Renderer, paint
+from troth.ops.times import relative
 from troth.protocol.records import TAG_ORIGIN, TAG_TARGET
 
 TAG_PARENT: Final = "resonate:parent"

@@ -28,6 +28,7 @@ from troth.server.config import Settings
 from troth.server.delivery import DeliveryLoop
 from troth.server.engine import Engine
 from troth.server.metrics import Metrics
+from troth.server.operator import OperatorApi
 from troth.store.base import StoreUnavailable
 from troth.transport.poll import Connection, Full, Registry
 
@@ -109,6 +110,7 @@ class App:
         cluster: Cluster | None = None,
         on_shutdown: Callable[[], Awaitable[None]] | None = None,
         bounces: BounceTracker | None = None,
+        node: str = "",
     ) -> None:
         self.engine = engine
         self.settings = settings
@@ -126,6 +128,16 @@ class App:
         tracker = self.bounces
         self.metrics.gauge(
             "troth_tasks_in_backoff", lambda: float(tracker.in_backoff(engine.clock()))
+        )
+        view = cluster.view if cluster is not None else None
+        self.operator = OperatorApi(
+            engine.store,
+            self.registry,
+            self.bounces,
+            engine.clock,
+            node=node or settings.node_id or "local",
+            url=settings.url,
+            cluster_view=view,
         )
         self.started = False
         self.closing = asyncio.Event()
@@ -202,6 +214,9 @@ class App:
                 )
                 return
             await self.poll(receive, send, parts[2], parts[3])
+        elif path.startswith("/ops/") and method == "GET":
+            status, answer = await self.operator.answer(path, scope.get("query_string", b""))
+            await respond(send, status, answer)
         elif path == "/metrics" and method == "GET":
             body = self.metrics.render().encode()
             await send(

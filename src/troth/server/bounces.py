@@ -121,6 +121,10 @@ class BounceTracker:
         k = min(count - self.threshold, 40)
         return Hold(min(self.base_ms << k, self.cap_ms), count)
 
+    def episode(self, task: str, now: int) -> Episode | None:
+        """The task's live episode, if it is bouncing now (``troth explain`` quotes it)."""
+        return self._live(task, now)
+
     def in_backoff(self, now: int) -> int:
         """Tasks whose current episode has held back an ``execute`` (the gauge)."""
         return sum(

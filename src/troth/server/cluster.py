@@ -44,6 +44,7 @@ from typing import Any, Final
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from troth.ops.workers import ClusterView, NodeInfo, WorkerInfo
 from troth.outbox import codes
 from troth.server.delivery import DeliveryLoop
 from troth.server.engine import Engine
@@ -176,11 +177,13 @@ class Cluster:
                 async with conn.transaction(), conn.cursor() as cur:
                     if added:
                         await cur.executemany(
-                            _Q["connection_add"], [(self.node, g, id) for g, id in sorted(added)]
+                            _Q["connection_add"],
+                            [{"node": self.node, "grp": g, "pid": id} for g, id in sorted(added)],
                         )
                     if gone:
                         await cur.executemany(
-                            _Q["connection_drop"], [(self.node, g, id) for g, id in sorted(gone)]
+                            _Q["connection_drop"],
+                            [{"node": self.node, "grp": g, "pid": id} for g, id in sorted(gone)],
                         )
             except BaseException:
                 await self._close_writer()
@@ -252,10 +255,35 @@ class Cluster:
                     _Q["claims_of_nodes_unknown"], (codes.NODE_DEAD, self.engine.clock(), dead)
                 )
                 reaped = max(cur.rowcount, 0)
+                await conn.execute(_Q["groups_of_nodes_seen"], (dead,))
                 await conn.execute(_Q["nodes_delete"], (dead,))
         log.warning("nodes %s stopped heartbeating; %d of their claims reaped", dead, reaped)
         self.reaped += reaped
         return reaped
+
+    async def view(self) -> ClusterView:
+        """Nodes, their connections and when each group was last seen, as the database
+        has them (for the operator API: the whole cluster, not this node alone)."""
+        async with self._lock:
+            conn = await self._writer()
+            nodes = await (await conn.execute(_Q["ops_nodes"])).fetchall()
+            conns = await (await conn.execute(_Q["ops_connections"])).fetchall()
+            groups = await (await conn.execute(_Q["ops_groups"])).fetchall()
+        timeout = round(self.node_timeout * 1000)
+        return ClusterView(
+            nodes=[
+                NodeInfo(
+                    str(r[0]), str(r[1]), int(r[2]), int(r[3]), int(r[4]) - int(r[3]) <= timeout
+                )
+                for r in nodes
+            ],
+            connections=[
+                WorkerInfo(str(r[1]), str(r[2]), str(r[0]), None if r[3] is None else int(r[3]))
+                for r in conns
+            ],
+            last_seen={str(r[0]): int(r[1]) for r in groups},
+            now=int(nodes[0][4]) if nodes else None,
+        )
 
     # -- LISTEN -----------------------------------------------------------------------
 

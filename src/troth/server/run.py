@@ -100,6 +100,7 @@ def build_app(settings: Settings, store: Store | None = None) -> App:
         delivery=delivery,
         cluster=cluster,
         on_shutdown=http.close,
+        node=node,
     )
 
 

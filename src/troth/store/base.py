@@ -33,6 +33,7 @@ from troth.protocol.records import (
     message_key,
 )
 from troth.store.deadlines import earliest_deadline
+from troth.store.inspection import Inspection
 from troth.store.writes import Writes
 
 T = TypeVar("T")
@@ -272,6 +273,12 @@ class Store(ABC):
     @abstractmethod
     def ping(self) -> None:
         """Raise :class:`StoreUnavailable` when the store cannot answer (``/ready``)."""
+
+    @abstractmethod
+    def inspect(self, fn: Callable[[Inspection], T]) -> T:
+        """Run ``fn`` over one read-only, lock-free snapshot (store/inspection.py):
+        for operators, off the writer where the backend allows; blocking, so callers
+        on the event loop run it in a thread."""
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources."""

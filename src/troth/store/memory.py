@@ -10,13 +10,22 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import itertools
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from typing import Any, TypeVar
 
 from troth.outbox.rows import OutboxRow, RowState
-from troth.protocol.records import PENDING, TAG_BRANCH, Promise, Schedule, Tags, Task
+from troth.protocol.records import (
+    PENDING,
+    TAG_BRANCH,
+    TAG_ORIGIN,
+    Promise,
+    Schedule,
+    Tags,
+    Task,
+)
 from troth.store.base import Backend, Store
 from troth.store.deadlines import promise_deadline, task_deadline
+from troth.store.inspection import TREE_LIMIT, Counts, Inspection
 from troth.store.outbox import OutboxStore, OutboxTable
 from troth.store.snapshot import snapshot
 from troth.store.writes import Writes
@@ -232,6 +241,10 @@ class MemoryStore(Store):
     def ping(self) -> None:
         return None
 
+    def inspect(self, fn: Callable[[Inspection], T]) -> T:
+        with self.lock:
+            return fn(MemoryInspection(self.backend))
+
 
 class MemoryOutbox(OutboxStore):
     """The outbox-row lifecycle (``store/outbox.py``) over :class:`MemoryBackend`."""
@@ -326,3 +339,49 @@ class MemoryOutboxTable(OutboxTable):
             return 0
         row.available_at = row.created_at
         return 1
+
+
+class MemoryInspection(Inspection):
+    """Inspection of the dicts (under the store's lock: there is no other reader)."""
+
+    def __init__(self, b: MemoryBackend) -> None:
+        self.b = b
+
+    def promise(self, id: str) -> Promise | None:
+        return self.b.promises.get(id)
+
+    def task(self, id: str) -> Task | None:
+        return self.b.tasks.get(id)
+
+    def schedule(self, id: str) -> Schedule | None:
+        return self.b.schedules.get(id)
+
+    def tree(self, origin: str, limit: int = TREE_LIMIT) -> list[Promise]:
+        return _scan(self.b.promises, lambda p: p.tags.get(TAG_ORIGIN) == origin, None, limit)
+
+    def _newest(self, keep: Callable[[OutboxRow], bool], limit: int) -> list[OutboxRow]:
+        rows = sorted((r for r in self.b.outbox.values() if keep(r)), key=lambda r: -r.id)
+        return [dataclasses.replace(r) for r in rows[:limit]]
+
+    def deliveries(self, task_id: str, limit: int) -> list[OutboxRow]:
+        return self._newest(lambda r: getattr(r.message, "task_id", None) == task_id, limit)
+
+    def outbox(self, state: str | None, before: int | None, limit: int) -> list[OutboxRow]:
+        def keep(r: OutboxRow) -> bool:
+            return (state is None or r.state == state) and (before is None or r.id < before)
+
+        return self._newest(keep, limit)
+
+    def counts(self) -> Counts:
+        def by_state(states: Iterable[str]) -> dict[str, int]:
+            out: dict[str, int] = {}
+            for s in states:
+                out[s] = out.get(s, 0) + 1
+            return out
+
+        return {
+            "promises": by_state(p.state for p in self.b.promises.values()),
+            "tasks": by_state(t.state for t in self.b.tasks.values()),
+            "outbox": by_state(str(r.state) for r in self.b.outbox.values()),
+            "schedules": {"all": len(self.b.schedules)},
+        }

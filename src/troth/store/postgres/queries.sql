@@ -266,11 +266,24 @@ DELETE FROM nodes WHERE node = %s
 -- name: connections_forget
 DELETE FROM connections WHERE node = %s
 
+-- A connection also marks its group seen (worker_groups: "last seen" for explain).
 -- name: connection_add
-INSERT INTO connections (node, grp, pid) VALUES (%s, %s, %s) ON CONFLICT DO NOTHING
+WITH seen AS (
+    INSERT INTO worker_groups (grp, seen_at)
+        VALUES (%(grp)s, extract(epoch FROM clock_timestamp()) * 1000)
+        ON CONFLICT (grp) DO UPDATE SET seen_at = excluded.seen_at
+)
+INSERT INTO connections (node, grp, pid, since)
+    VALUES (%(node)s, %(grp)s, %(pid)s, extract(epoch FROM clock_timestamp()) * 1000)
+    ON CONFLICT DO NOTHING
 
 -- name: connection_drop
-DELETE FROM connections WHERE node = %s AND grp = %s AND pid = %s
+WITH seen AS (
+    INSERT INTO worker_groups (grp, seen_at)
+        VALUES (%(grp)s, extract(epoch FROM clock_timestamp()) * 1000)
+        ON CONFLICT (grp) DO UPDATE SET seen_at = excluded.seen_at
+)
+DELETE FROM connections WHERE node = %(node)s AND grp = %(grp)s AND pid = %(pid)s
 
 -- Nodes whose heartbeat is older than %s ms, locked: one live node reaps each.
 -- name: nodes_dead
@@ -282,5 +295,24 @@ SELECT node FROM nodes WHERE seen_at < extract(epoch FROM clock_timestamp()) * 1
 UPDATE outbox SET state = 'outcome_unknown', claim_token = NULL, last_code = %s,
     updated_at = %s WHERE state = 'dispatching' AND claimed_by = ANY(%s)
 
+-- The groups a dead node held connections of were last seen at its last heartbeat.
+-- name: groups_of_nodes_seen
+INSERT INTO worker_groups (grp, seen_at)
+    SELECT c.grp, max(n.seen_at) FROM connections c JOIN nodes n ON n.node = c.node
+        WHERE c.node = ANY(%s) GROUP BY c.grp
+    ON CONFLICT (grp) DO UPDATE SET seen_at = greatest(worker_groups.seen_at, excluded.seen_at)
+
 -- name: nodes_delete
 DELETE FROM nodes WHERE node = ANY(%s)
+
+-- What the operator API shows of the cluster (server/cluster.py, ops/).  Nodes and
+-- their connections, with the database's clock for "now" (ms).
+-- name: ops_nodes
+SELECT node, url, started_at, seen_at, extract(epoch FROM clock_timestamp()) * 1000
+    FROM nodes ORDER BY node
+
+-- name: ops_connections
+SELECT node, grp, pid, since FROM connections ORDER BY grp, pid, node
+
+-- name: ops_groups
+SELECT grp, seen_at FROM worker_groups ORDER BY grp

@@ -9,15 +9,17 @@ what is not prevented, are in ``docs/architecture.md`` ("PostgreSQL").
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from typing import Any
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg.pq import TransactionStatus
 
 from troth.store.base import Job, Outcome, Overlay, Store, StoreUnavailable
+from troth.store.inspection import Inspection, SqlInspection
 from troth.store.migrate import check_version, migrate
-from troth.store.postgres.backend import TABLES, PostgresBackend, Q, Touched
+from troth.store.postgres.backend import CODEC, TABLES, PostgresBackend, Q, Touched
 from troth.store.postgres.migrate import PgSchema
 from troth.store.postgres.outbox import PostgresOutbox
 from troth.store.postgres.session import (
@@ -33,6 +35,9 @@ from troth.store.postgres.session import (
 )
 
 log = logging.getLogger("troth.store.postgres")
+
+
+T = TypeVar("T")
 
 
 class PostgresStore(Session, Store):
@@ -61,6 +66,8 @@ class PostgresStore(Session, Store):
             raise
         self.backend = PostgresBackend(self.cur)
         self.outbox = PostgresOutbox(self)
+        self._reader: InspectionSession | None = None
+        self._reader_opening = threading.Lock()
 
     # -- transactions --------------------------------------------------------------------
 
@@ -247,14 +254,35 @@ class PostgresStore(Session, Store):
         finally:
             self.lock.release()
 
+    def inspect(self, fn: Callable[[Inspection], T]) -> T:
+        """On a session of its own, in one REPEATABLE READ snapshot, locking nothing."""
+        with self._reader_opening:
+            if self._reader is None:
+                self._reader = InspectionSession(
+                    self.url, max_attempts=self.max_attempts, lock_timeout=self.lock_timeout
+                )
+            reader = self._reader
+        return reader.run(lambda cur: fn(SqlInspection(cur, CODEC, "%s")), snapshot=True)
+
     def close(self) -> None:
         self.outbox.close()
+        with self._reader_opening:
+            if self._reader is not None:
+                self._reader.close()
+                self._reader = None
         Session.close(self)
 
     def schema_version(self) -> int:
         """The stored schema version (for diagnostics and tests)."""
 
         return self.run(lambda cur: check_version(PgSchema(cur.connection)))
+
+
+class InspectionSession(Session):
+    """The operator's reads (``Store.inspect``): a connection of their own, so that a
+    long read never waits for the writer's lock nor holds it."""
+
+    application_name = "troth-inspect"
 
 
 class _Retry(Exception):

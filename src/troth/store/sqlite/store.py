@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import threading
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from typing import Any, Final, TypeVar
@@ -20,6 +21,7 @@ from troth.outbox.rows import OutboxRow
 from troth.protocol.records import TAG_ORIGIN, Promise, Schedule, Tags, Task
 from troth.store.base import Backend, Store, StoreUnavailable
 from troth.store.codec import PROMISE_COLS, SCHEDULE_COLS, TASK_COLS, RowCodec
+from troth.store.inspection import Inspection, SqlInspection
 from troth.store.migrate import check_version, migrate
 from troth.store.outbox import OutboxStore, OutboxTable, SqlOutboxTable
 from troth.store.queries import load_queries
@@ -261,6 +263,8 @@ class SqliteStore(Store):
         self.conn = conn
         self.backend = SqliteBackend(conn)
         self.outbox = SqliteOutbox(self)
+        self._reader: sqlite3.Connection | None = None
+        self._reader_lock = threading.Lock()
 
     # -- transactions --------------------------------------------------------------------
 
@@ -341,7 +345,34 @@ class SqliteStore(Store):
         finally:
             self.lock.release()
 
+    def inspect(self, fn: Callable[[Inspection], T]) -> T:
+        """On a reader connection of its own (WAL: it sees the last commit and never
+        waits for, nor holds up, the writer); an in-memory database has one
+        connection only, taken under the writer's lock."""
+        if self.path in (":memory:", ""):
+            with self.lock:
+                return self._inspect(self.conn, fn)
+        with self._reader_lock:
+            if self._reader is None:
+                reader = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+                reader.execute("PRAGMA busy_timeout = 5000")
+                reader.execute("PRAGMA query_only = 1")
+                self._reader = reader
+            return self._inspect(self._reader, fn)
+
+    @staticmethod
+    def _inspect(conn: sqlite3.Connection, fn: Callable[[Inspection], T]) -> T:
+        conn.execute("BEGIN")
+        try:
+            return fn(SqlInspection(conn.cursor(), _CODEC, "?"))
+        finally:
+            conn.execute("ROLLBACK")
+
     def close(self) -> None:
+        with self._reader_lock:
+            if self._reader is not None:
+                self._reader.close()
+                self._reader = None
         with self.lock:
             self.conn.close()
 

@@ -1,0 +1,421 @@
+"""``troth explain``: why a workflow is not done, in one line per reason, with evidence.
+
+It walks from the promise asked about down to the leaves that hold it back: a
+suspended task's awaited promises (the pending promises of its workflow holding a
+callback to it), each explained the same way, until a leaf says what it waits for —
+a worker that is not connected, a lease held by a pid, a durable sleep, a client
+that must settle an external promise, a delivery that failed for good, a task that
+keeps bouncing.  Pure: it reads :class:`~troth.ops.facts.Facts` (one store snapshot),
+a :class:`~troth.server.workers.ClusterView` (who is connected where) and the bounce
+tracker's episodes; the same facts always give the same words.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Final, Protocol
+
+from troth.ops.facts import DELIVERIES_PER_TASK, Facts
+from troth.ops.times import instant, relative, span
+from troth.ops.workers import ClusterView
+from troth.outbox import codes
+from troth.outbox.rows import OutboxRow, RowState
+from troth.protocol.address import parse_poll
+from troth.protocol.records import (
+    REJECTED,
+    REJECTED_CANCELED,
+    REJECTED_TIMEDOUT,
+    RESOLVED,
+    Promise,
+    Task,
+    TaskState,
+)
+
+TAG_PARENT: Final = "resonate:parent"
+#: Bounces of an episode from which a task counts as bouncing (the backoff's threshold).
+BOUNCING: Final = 3
+#: How deep the walk goes (a workflow awaiting itself in a cycle stops earlier).
+MAX_DEPTH: Final = 64
+
+
+@dataclass
+class Finding:
+    """One promise on the way down: what holds it (``reason``, a stable code), the
+    line that says so, the evidence as data, and what it awaits in turn."""
+
+    id: str
+    state: str
+    reason: str
+    text: str
+    function: str | None = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+    awaiting: list[Finding] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "id": self.id,
+            "state": self.state,
+            "reason": self.reason,
+            "text": self.text,
+            "evidence": self.evidence,
+            "awaiting": [f.as_json() for f in self.awaiting],
+        }
+        if self.function is not None:
+            out["function"] = self.function
+        return out
+
+    def leaves(self) -> list[Finding]:
+        """What finally holds the workflow back (findings that await nothing)."""
+        if not self.awaiting:
+            return [self]
+        return [leaf for f in self.awaiting for leaf in f.leaves()]
+
+
+@dataclass
+class Explanation:
+    id: str
+    now: int
+    done: bool
+    root: Finding
+    #: The workflow was larger than what was read (the walk may miss a branch).
+    cut: bool = False
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "now": self.now,
+            "done": self.done,
+            "cut": self.cut,
+            "root": self.root.as_json(),
+            "blockers": [
+                {"id": f.id, "reason": f.reason, "text": f.text} for f in self.root.leaves()
+            ]
+            if not self.done
+            else [],
+        }
+
+
+class Refused(Protocol):
+    def describe(self) -> str: ...
+
+
+class Episode(Protocol):
+    """A task's run of bounces, as server/bounces.py keeps it."""
+
+    @property
+    def count(self) -> int: ...
+    @property
+    def first_at(self) -> int: ...
+    @property
+    def last_at(self) -> int: ...
+    @property
+    def due_at(self) -> int: ...
+    @property
+    def refusal(self) -> Refused | None: ...
+
+
+Bounces = Callable[[str], Episode | None]
+
+
+def function_of(p: Promise) -> str | None:
+    """The function name an SDK put in the param (base64 JSON ``{"func": …}``)."""
+    data = p.param.data
+    if data is None:
+        return None
+    try:
+        decoded = json.loads(base64.b64decode(data, validate=True))
+    except (binascii.Error, ValueError):
+        return None
+    func = decoded.get("func") if isinstance(decoded, dict) else None
+    return func if isinstance(func, str) else None
+
+
+def explain(facts: Facts, view: ClusterView, bounces: Bounces, now: int) -> Explanation:
+    """The explanation of ``facts.id`` at ``now``."""
+    p = facts.promise
+    if p is None:
+        if facts.schedule is not None:
+            s = facts.schedule
+            text = (
+                f"schedule `{s.id}` ({s.cron}): next run {instant(s.next_run_at, now)}, "
+                f"last run {instant(s.last_run_at, now) if s.last_run_at else 'never'}; "
+                f"each run creates promise `{s.promise_id}`"
+            )
+            ev = {
+                "cron": s.cron,
+                "nextRunAt": s.next_run_at,
+                "lastRunAt": s.last_run_at,
+                "promiseId": s.promise_id,
+            }
+            return Explanation(
+                facts.id, now, False, Finding(s.id, "schedule", "schedule", text, evidence=ev)
+            )
+        missing = Finding(facts.id, "missing", "not_found", f"no promise or schedule `{facts.id}`")
+        return Explanation(facts.id, now, False, missing)
+    walker = _Walker(facts, view, bounces, now)
+    root = walker.promise(p, 0, set())
+    return Explanation(facts.id, now, not p.pending, root, facts.cut)
+
+
+class _Walker:
+    def __init__(self, facts: Facts, view: ClusterView, bounces: Bounces, now: int) -> None:
+        self.facts = facts
+        self.view = view
+        self.bounces = bounces
+        self.now = now
+
+    def promise(self, p: Promise, depth: int, seen: set[str]) -> Finding:
+        seen = seen | {p.id}
+        f = Finding(p.id, p.state, "", "", function_of(p))
+        f.evidence["timeoutAt"] = p.timeout_at
+        f.evidence["createdAt"] = p.created_at
+        if not p.pending:
+            self.settled(p, f)
+            return f
+        task = self.facts.tasks.get(p.id)
+        if task is None:
+            self.taskless(p, f)
+        else:
+            f.evidence["task"] = {
+                "state": task.state,
+                "version": task.version,
+                "pid": task.pid,
+                "ttl": task.ttl,
+                "expiresAt": task.expires_at,
+                "retryAt": task.retry_at,
+            }
+            self.tasked(p, task, f, depth, seen)
+        if p.timeout_at <= self.now:
+            f.text += (
+                f"; its timeout passed {relative(p.timeout_at, self.now)} (the timer settles it)"
+            )
+        return f
+
+    # -- settled ------------------------------------------------------------------------
+
+    def settled(self, p: Promise, f: Finding) -> None:
+        at = p.settled_at if p.settled_at is not None else p.timeout_at
+        f.evidence["settledAt"] = at
+        when = instant(at, self.now)
+        if p.state == RESOLVED:
+            f.reason, f.text = "resolved", f"done: resolved at {when}"
+        elif p.state == REJECTED_TIMEDOUT:
+            f.reason, f.text = "timed_out", f"timed out at {when}"
+        elif p.state == REJECTED_CANCELED:
+            f.reason, f.text = "canceled", f"canceled at {when}"
+        else:
+            assert p.state == REJECTED
+            f.reason, f.text = "rejected", f"done: rejected at {when}"
+
+    # -- pending, no task ------------------------------------------------------------
+
+    def taskless(self, p: Promise, f: Finding) -> None:
+        until = instant(p.timeout_at, self.now)
+        if p.is_timer:
+            f.reason, f.text = "sleeping", f"durable sleep until {until}"
+        elif p.external:
+            waiters = len(p.callbacks) + len(p.listeners)
+            f.reason = "awaiting_settlement"
+            f.text = (
+                f"waits for a client to settle it (resolve, reject or cancel); times out {until}"
+            )
+            if waiters:
+                f.text += f"; {waiters} waiting on it"
+        else:
+            parent = p.tags.get(TAG_PARENT)
+            f.reason = "local"
+            f.text = "a local step: it runs inside the task of its workflow" + (
+                f" (parent `{parent}`)" if parent else ""
+            )
+            if parent:
+                f.evidence["parent"] = parent
+
+    # -- pending with a task ---------------------------------------------------------
+
+    def tasked(self, p: Promise, t: Task, f: Finding, depth: int, seen: set[str]) -> None:
+        if t.state == TaskState.SUSPENDED:
+            self.suspended(p, t, f, depth, seen)
+        elif t.state == TaskState.ACQUIRED:
+            self.acquired(t, f)
+        elif t.state == TaskState.PENDING:
+            self.pending_task(t, f)
+        elif t.state == TaskState.HALTED:
+            f.reason = "halted"
+            f.text = f"task halted: nothing runs it until `troth tasks continue {t.id}`"
+        else:
+            f.reason = "task_fulfilled"
+            f.text = "task fulfilled, its promise not yet settled"
+
+    def suspended(self, p: Promise, t: Task, f: Finding, depth: int, seen: set[str]) -> None:
+        awaited = sorted(
+            (q for q in self.facts.promises.values() if q.pending and t.id in q.callbacks),
+            key=lambda q: q.id,
+        )
+        f.reason = "awaiting"
+        f.evidence["awaiting"] = [q.id for q in awaited]
+        if not awaited:
+            f.text = (
+                "task suspended, awaiting promises outside this workflow "
+                "(none of its promises holds a callback to it)"
+            )
+            return
+        names = ", ".join(f"`{q.id}`" for q in awaited[:5])
+        more = f" and {len(awaited) - 5} more" if len(awaited) > 5 else ""
+        f.text = f"task suspended, awaiting {names}{more}"
+        if depth >= MAX_DEPTH:
+            f.text += " (walk stopped: too deep)"
+            return
+        for q in awaited:
+            if q.id in seen:
+                f.awaiting.append(Finding(q.id, q.state, "cycle", "awaits a promise above it"))
+            else:
+                f.awaiting.append(self.promise(q, depth + 1, seen))
+
+    def acquired(self, t: Task, f: Finding) -> None:
+        f.reason = "held"
+        where = ""
+        if t.pid is not None:
+            held = self.view.holding(t.pid)
+            if held:
+                nodes = sorted({c.node for c in held})
+                where = f" on node {', '.join(f'`{n}`' for n in nodes)}"
+                f.evidence["nodes"] = nodes
+            else:
+                where = " (not connected to any node now)"
+        text = f"task held by pid `{t.pid}`{where}"
+        if t.expires_at is not None:
+            left = t.expires_at - self.now
+            if left >= 0:
+                text += f", lease expires in {span(left)}"
+            else:
+                text += f", lease expired {span(-left)} ago (the timer takes it back)"
+            if t.ttl is not None:
+                beat = t.expires_at - t.ttl
+                text += f", last heartbeat {relative(beat, self.now)}"
+                f.evidence["lastHeartbeatAt"] = beat
+        f.text = text
+
+    def pending_task(self, t: Task, f: Finding) -> None:
+        executes = self.facts.deliveries.get(t.id, [])
+        f.evidence["executes"] = [row_json(r) for r in executes[:10]]
+        if not executes:
+            f.reason = "no_execute"
+            f.text = "task pending; no execute was written for it (its promise has no target)"
+            return
+        latest = executes[0]
+        head = f"task pending for {span(max(self.now - latest.created_at, 0))}"
+        address = latest.address
+        plus = "+" if len(executes) == DELIVERIES_PER_TASK else ""
+        tries = sum(r.attempts + (r.state == RowState.COMPLETED) for r in executes)
+        sent = (
+            f"{len(executes)}{plus} execute{'s' if len(executes) != 1 else ''} to `{address}`"
+            f" ({tries}{plus} send{'s' if tries != 1 else ''})"
+        )
+        finished = [
+            r
+            for r in executes
+            if r.state in (RowState.COMPLETED, RowState.FAILED) and r.last_code != codes.SUPERSEDED
+        ]
+        delivered = any(r.state == RowState.COMPLETED for r in finished)
+        if finished and finished[0].state == RowState.FAILED:
+            f.reason = "delivery_failed"
+            f.text = (
+                f"{head}; {sent}; delivery failed permanently "
+                f"({outcome(finished[0])} from {finished[0].address})"
+            )
+            return
+        episode = self.bounces(t.id)
+        if episode is not None and episode.count >= BOUNCING:
+            f.reason = "bouncing"
+            window = span(max(episode.last_at - episode.first_at, 0))
+            f.text = f"{head}; task bounced {episode.count}x in {window} without progress"
+            if episode.refusal is not None:
+                f.text += f"; last refusal: {episode.refusal.describe()}"
+            if episode.due_at > self.now:
+                f.text += f"; next execute held until {instant(episode.due_at, self.now)}"
+            f.evidence["bounces"] = episode.count
+            return
+        poll = parse_poll(address)
+        retry = f"; next execute {relative(t.retry_at, self.now)}" if t.retry_at is not None else ""
+        if poll is None:
+            f.reason = "delivering"
+            f.text = f"{head}; {sent}, last outcome: {outcome(latest)}{retry}"
+            return
+        group = poll.group
+        workers = self.view.connected(group, poll.id if poll.cast == "uni" else None)
+        f.evidence["group"] = group
+        f.evidence["workers"] = len(workers)
+        if not workers:
+            seen_at = self.view.last_seen.get(group)
+            ago = f"last seen {relative(seen_at, self.now)}" if seen_at else "never seen"
+            who = (
+                f"worker `{poll.id}` in group"
+                if poll.cast == "uni"
+                else "worker connected to group"
+            )
+            undelivered = "none delivered" if not delivered else "the last ones undelivered"
+            f.reason = "no_worker"
+            f.text = f"{head}; {sent}, {undelivered}: no {who} `{group}` ({ago}){retry}"
+            return
+        n = len(workers)
+        f.reason = "delivering"
+        f.text = f"{head}; {sent}; {n} worker{'s' if n != 1 else ''} of `{group}` connected"
+        if latest.state == RowState.COMPLETED:
+            f.text += f"; the last execute was delivered {relative(latest.updated_at, self.now)}"
+            f.text += " and no worker acquired it"
+        else:
+            f.text += f"; last outcome: {outcome(latest)}"
+        f.text += retry
+
+
+def outcome(row: OutboxRow) -> str:
+    """A row's last delivery outcome in words (the stable code kept beside it)."""
+    code = row.last_code
+    if code is None:
+        return {
+            RowState.COMPLETED: "delivered",
+            RowState.PENDING: "not sent yet",
+            RowState.DISPATCHING: "being sent",
+        }.get(RowState(row.state), str(row.state))
+    if code.startswith(codes.HTTP_STATUS):
+        return f"HTTP {code[len(codes.HTTP_STATUS) :]}"
+    words = {
+        codes.NO_CONNECTION: "no worker connected",
+        codes.CONNECTION_LOST: "worker connection lost while sending",
+        codes.BAD_ADDRESS: "unsupported address",
+        codes.HTTP_REFUSED: "connection refused",
+        codes.HTTP_ERROR: "HTTP error",
+        codes.ATTEMPTS_EXHAUSTED: "attempts exhausted",
+        codes.SEND_TIMEOUT: "send timed out",
+        codes.SUPERSEDED: "superseded by a newer execute",
+    }
+    return words.get(code, code)
+
+
+def row_json(r: OutboxRow) -> dict[str, Any]:
+    """An outbox row as the operator API shows it."""
+    m = r.message
+    out: dict[str, Any] = {
+        "id": r.id,
+        "address": r.address,
+        "kind": "execute" if hasattr(m, "task_id") else "unblock",
+        "state": str(r.state),
+        "attempts": r.attempts,
+        "createdAt": r.created_at,
+        "availableAt": r.available_at,
+        "updatedAt": r.updated_at,
+        "lastCode": r.last_code,
+        "claimedBy": r.claimed_by,
+    }
+    task_id = getattr(m, "task_id", None)
+    if task_id is not None:
+        out["taskId"] = task_id
+        out["version"] = getattr(m, "version", None)
+    else:
+        promise = getattr(m, "promise", None)
+        out["promiseId"] = getattr(promise, "id", None)
+    return out

@@ -1,0 +1,70 @@
+"""What ``explain`` reasons from, read in one snapshot of the store.
+
+:func:`gather` runs inside ``Store.inspect`` (one read transaction, no locks): the
+promise asked about, its workflow (every promise with the same ``resonate:origin``,
+an index read), the task of every pending promise, and the newest outbox rows of
+each such task.  Reading them together is what lets the explanation relate a task to
+the executes written for it without a write racing in between.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Final
+
+from troth.outbox.rows import OutboxRow
+from troth.protocol.records import TAG_ORIGIN, Promise, Schedule, Task
+from troth.store.inspection import Inspection
+
+#: Outbox rows read per task (the count says "at least" past it).
+DELIVERIES_PER_TASK: Final = 50
+#: Pending promises whose task and deliveries are read (a bigger workflow is cut).
+MAX_PENDING: Final = 500
+
+
+@dataclass
+class Facts:
+    id: str
+    promises: dict[str, Promise] = field(default_factory=dict)
+    tasks: dict[str, Task] = field(default_factory=dict)
+    deliveries: dict[str, list[OutboxRow]] = field(default_factory=dict)
+    schedule: Schedule | None = None
+    #: The workflow was larger than what was read.
+    cut: bool = False
+
+    @property
+    def promise(self) -> Promise | None:
+        return self.promises.get(self.id)
+
+
+def gather(ins: Inspection, id: str) -> Facts:
+    """Everything ``explain`` needs about ``id``, from one snapshot."""
+    facts = Facts(id)
+    root = ins.promise(id)
+    if root is None:
+        facts.schedule = ins.schedule(id)
+        return facts
+    facts.promises[id] = root
+    origin = root.tags.get(TAG_ORIGIN, id)
+    tree = ins.tree(origin)
+    if origin != id and not any(p.id == id for p in tree):
+        tree.append(root)
+    facts.promises.update((p.id, p) for p in tree)
+    # A promise awaited from outside its tree (a ctx.promise of another origin, a
+    # promise created by a client) is not found by origin; the root's own subtree is
+    # what the explanation walks, so only this workflow's promises are read.
+    facts.cut = len(tree) >= 5000
+    pending = [p for p in facts.promises.values() if p.pending][:MAX_PENDING]
+    facts.cut = facts.cut or len(pending) == MAX_PENDING
+    for p in pending:
+        task = ins.task(p.id)
+        if task is not None:
+            facts.tasks[p.id] = task
+            facts.deliveries[p.id] = ins.deliveries(p.id, DELIVERIES_PER_TASK)
+    # A settled root may still have a task worth showing (fulfilled, or not).
+    if id not in facts.tasks:
+        task = ins.task(id)
+        if task is not None:
+            facts.tasks[id] = task
+            facts.deliveries[id] = ins.deliveries(id, DELIVERIES_PER_TASK)
+    return facts

@@ -1,0 +1,75 @@
+"""Who is connected where: worker connections and nodes, as the operator API shows
+them (``/ops/workers``, ``troth explain``).
+
+One node (SQLite, memory) answers from its own connection registry; several nodes on
+PostgreSQL answer from the ``nodes``, ``connections`` and ``worker_groups`` tables
+(server/cluster.py), so any node shows the whole cluster.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from troth.transport.poll import Registry
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """An open SSE connection of ``group``/``pid`` on ``node`` since ``since`` (ms)."""
+
+    group: str
+    pid: str
+    node: str
+    since: int | None
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    node: str
+    url: str
+    started_at: int
+    seen_at: int
+    alive: bool
+
+
+@dataclass
+class ClusterView:
+    """Nodes, connections, and when each group last had a connection (ms)."""
+
+    nodes: list[NodeInfo] = field(default_factory=list)
+    connections: list[WorkerInfo] = field(default_factory=list)
+    last_seen: dict[str, int] = field(default_factory=dict)
+    #: The clock these instants were read against (the database's, on PostgreSQL).
+    now: int | None = None
+
+    def connected(self, group: str, pid: str | None = None) -> list[WorkerInfo]:
+        """Connections of a group (case-insensitive, as poll groups are), or of one pid
+        in it; only on live nodes."""
+        dead = {n.node for n in self.nodes if not n.alive}
+        g = group.lower()
+        return [
+            c
+            for c in self.connections
+            if c.group == g and (pid is None or c.pid == pid) and c.node not in dead
+        ]
+
+    def holding(self, pid: str) -> list[WorkerInfo]:
+        """Connections of a pid in any group (who holds a task's lease, and where)."""
+        dead = {n.node for n in self.nodes if not n.alive}
+        return [c for c in self.connections if c.pid == pid and c.node not in dead]
+
+
+def local_view(registry: Registry, node: str, url: str, started_at: int, now: int) -> ClusterView:
+    """One node's view from its registry."""
+    return ClusterView(
+        nodes=[NodeInfo(node, url, started_at, now, True)],
+        connections=[
+            WorkerInfo(c.group, c.id, node, c.since)
+            for members in registry.groups.values()
+            for conns in members.values()
+            for c in conns
+            if not c.closed
+        ],
+        last_seen=dict(registry.last_seen),
+        now=now,
+    )

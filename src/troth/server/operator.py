@@ -1,0 +1,196 @@
+"""The operator API: read-only JSON over ``GET /ops/…``, beside the protocol's
+``POST /`` (which stays pure: nothing here is a protocol request).
+
+=======================  ===============================================================
+``/ops/explain?id=ID``   why ``ID`` is not done (``troth explain``; ops/explain.py)
+``/ops/outbox``          outbox rows, newest first: ``state``, ``task``, ``before``, ``limit``
+``/ops/workers``         connected workers by group and node, groups' last seen, nodes
+``/ops/counts``          rows by state: promises, tasks, outbox; schedules
+``/ops/bounces``         tasks bouncing now (server/bounces.py)
+=======================  ===============================================================
+
+Reads go through ``Store.inspect`` in a worker thread (no row locks; on SQLite a
+WAL reader beside the writer), so the request path pays nothing for them.  When auth
+is on, every path here needs an admin token (the app checks before calling in).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any, Final
+from urllib.parse import parse_qs
+
+from troth.ops.explain import explain, row_json
+from troth.ops.facts import gather
+from troth.ops.workers import ClusterView, local_view
+from troth.outbox.rows import RowState
+from troth.server.bounces import BounceTracker
+from troth.store.base import Store
+from troth.transport.poll import Registry
+
+#: Most rows one ``/ops/outbox`` page returns.
+MAX_LIMIT: Final = 1000
+STATES: Final = frozenset(s.value for s in RowState)
+
+Answer = tuple[int, Any]
+
+
+class Refused(Exception):
+    """A bad operator request: its status and message."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class OperatorApi:
+    """Answers ``GET /ops/…`` from the store, the registry (or the cluster's tables)
+    and the bounce tracker."""
+
+    def __init__(
+        self,
+        store: Store,
+        registry: Registry,
+        bounces: BounceTracker,
+        clock: Callable[[], int],
+        *,
+        node: str,
+        url: str,
+        cluster_view: Callable[[], Any] | None = None,
+    ) -> None:
+        self.store = store
+        self.registry = registry
+        self.bounces = bounces
+        self.clock = clock
+        self.node = node
+        self.url = url
+        self.started_at = clock()
+        #: Several nodes: ``Cluster.view`` (an awaitable ClusterView).
+        self.cluster_view = cluster_view
+        self.routes: dict[str, Callable[[dict[str, str]], Any]] = {
+            "/ops/explain": self.explain,
+            "/ops/outbox": self.outbox,
+            "/ops/workers": self.workers,
+            "/ops/counts": self.counts,
+            "/ops/bounces": self.bouncing,
+        }
+
+    async def answer(self, path: str, query: bytes) -> Answer:
+        route = self.routes.get(path.rstrip("/"))
+        if route is None:
+            return 404, {"error": f"no operator route {path}; try {', '.join(self.routes)}"}
+        try:
+            params = {k: v[-1] for k, v in parse_qs(query.decode("latin-1")).items()}
+        except ValueError:
+            return 400, {"error": "malformed query string"}
+        try:
+            return 200, await route(params)
+        except Refused as exc:
+            return exc.status, {"error": str(exc)}
+
+    async def view(self) -> ClusterView:
+        if self.cluster_view is not None:
+            view: ClusterView = await self.cluster_view()
+            return view
+        now = self.clock()
+        return local_view(self.registry, self.node, self.url, self.started_at, now)
+
+    # -- routes -----------------------------------------------------------------------
+
+    async def explain(self, params: dict[str, str]) -> Any:
+        id = params.get("id")
+        if not id:
+            raise Refused(400, "explain needs ?id=<promise or schedule id>")
+        facts = await asyncio.to_thread(self.store.inspect, lambda ins: gather(ins, id))
+        view = await self.view()
+        now = self.clock()
+        result = explain(facts, view, lambda task: self.bounces.episode(task, now), now)
+        return result.as_json()
+
+    async def outbox(self, params: dict[str, str]) -> Any:
+        state = params.get("state") or None
+        if state is not None and state not in STATES:
+            raise Refused(400, f"state must be one of {', '.join(sorted(STATES))}")
+        limit = _int(params, "limit", 100, 1, MAX_LIMIT)
+        before = _int(params, "before", None, 1, 2**62)
+        task = params.get("task") or None
+
+        def read(ins: Any) -> list[Any]:
+            if task is not None:
+                rows = ins.deliveries(task, limit if before is None else MAX_LIMIT)
+                return [r for r in rows if before is None or r.id < before][:limit]
+            rows = ins.outbox(state, before, limit)
+            return list(rows)
+
+        rows = await asyncio.to_thread(self.store.inspect, read)
+        items = [row_json(r) for r in rows]
+        cursor = items[-1]["id"] if len(items) == limit else None
+        return {"rows": items, "next": cursor}
+
+    async def workers(self, params: dict[str, str]) -> Any:
+        view = await self.view()
+        now = view.now if view.now is not None else self.clock()
+        groups: dict[str, list[dict[str, Any]]] = {}
+        for c in view.connections:
+            groups.setdefault(c.group, []).append({"pid": c.pid, "node": c.node, "since": c.since})
+        return {
+            "now": now,
+            "groups": [
+                {
+                    "group": g,
+                    "connections": groups.get(g, []),
+                    "lastSeen": view.last_seen.get(g),
+                }
+                for g in sorted(set(groups) | set(view.last_seen))
+            ],
+            "nodes": [
+                {
+                    "node": n.node,
+                    "url": n.url,
+                    "startedAt": n.started_at,
+                    "seenAt": n.seen_at,
+                    "alive": n.alive,
+                }
+                for n in view.nodes
+            ],
+        }
+
+    async def counts(self, params: dict[str, str]) -> Any:
+        started = time.perf_counter()
+        counts = await asyncio.to_thread(self.store.inspect, lambda ins: ins.counts())
+        return {**counts, "seconds": round(time.perf_counter() - started, 4)}
+
+    async def bouncing(self, params: dict[str, str]) -> Any:
+        now = self.clock()
+        out = []
+        for task in list(self.bounces.tasks):
+            e = self.bounces.episode(task, now)
+            if e is None:
+                continue
+            out.append(
+                {
+                    "task": task,
+                    "bounces": e.count,
+                    "firstAt": e.first_at,
+                    "lastAt": e.last_at,
+                    "heldUntil": e.due_at if e.due_at > now else None,
+                    "group": e.group,
+                    "lastRefusal": e.refusal.describe() if e.refusal is not None else None,
+                }
+            )
+        return {"node": self.node, "tasks": out}
+
+
+def _int(params: dict[str, str], name: str, default: int | None, low: int, high: int) -> Any:
+    text = params.get(name)
+    if text is None or text == "":
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise Refused(400, f"{name} must be an integer") from None
+    if not low <= value <= high:
+        raise Refused(400, f"{name} must be between {low} and {high}")
+    return value
