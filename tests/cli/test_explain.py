@@ -64,13 +64,19 @@ def rpc_root(server: RunningServer, group: str = "workers") -> None:
 def test_an_rpc_to_a_group_without_workers_names_the_group(
     server: RunningServer, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    rpc_root(server)
+    group = f"lonely{time.time_ns()}"  # a group no test connected to before
+    rpc_root(server, group)
     answer = explained(server, "wf")
     root = answer["root"]
     assert answer["done"] is False and root["reason"] == "no_worker"
-    assert root["evidence"]["group"] == "workers" and root["evidence"]["workers"] == 0
-    assert "no worker connected to group `workers` (never seen" in root["text"]
-    assert "1 execute to `poll://any@workers`" in root["text"]
+    assert root["evidence"]["group"] == group and root["evidence"]["workers"] == 0
+    assert f"no worker connected to group `{group}` (" in root["text"]
+    # One node remembers since it started; PostgreSQL's worker_groups since ever.
+    assert ("(never seen)" in root["text"]) == (server.settings.store == "postgres")
+    assert ("none since this server started" in root["text"]) != (
+        server.settings.store == "postgres"
+    )
+    assert f"1 execute to `poll://any@{group}`" in root["text"]
     assert answer["blockers"] == [{"id": "wf", "reason": "no_worker", "text": root["text"]}]
     out = cli(server, capsys, "explain", "wf")
     assert out.splitlines()[0].startswith("wf  pending: task pending for ")

@@ -246,3 +246,26 @@ def test_a_node_leaving_deregisters(url: str) -> None:
         assert conn.execute("SELECT count(*) FROM nodes WHERE node = 'leaver'").fetchone() == (1,)
     with psycopg.connect(url) as conn:
         assert conn.execute("SELECT count(*) FROM nodes WHERE node = 'leaver'").fetchone() == (0,)
+
+
+def test_any_node_explains_with_the_whole_clusters_connections(
+    nodes: tuple[RunningServer, RunningServer], url: str
+) -> None:
+    """Asked on node a, explain and /ops/workers see the worker connected to node b."""
+    a, b = nodes
+    a.ok("debug.start", {})  # paused: the execute stays put, the lease is taken by hand
+    create(a, "held", "poll://any@hq")
+    with stream(b, "HQ", "w1"):
+        workers = a.client.get("/ops/workers").json()
+        group = next(g for g in workers["groups"] if g["group"] == "hq")
+        assert [(c["pid"], c["node"]) for c in group["connections"]] == [("w1", "b")]
+        assert {n["node"] for n in workers["nodes"]} == {"a", "b"}
+        a.ok("task.acquire", {"id": "held", "version": 0, "pid": "w1", "ttl": 60_000})
+        root = a.client.get("/ops/explain", params={"id": "held"}).json()["root"]
+        assert root["reason"] == "held" and root["evidence"]["nodes"] == ["b"]
+        assert "task held by pid `w1` on node `b`, lease expires in" in root["text"]
+    # Gone from b: any node says when the group was last seen (worker_groups).
+    wait_for("the connection to be withdrawn", lambda: ("b", "hq", "w1") not in published(url))
+    a.ok("task.release", {"id": "held", "version": 1})
+    root = a.client.get("/ops/explain", params={"id": "held"}).json()["root"]
+    assert root["reason"] == "no_worker" and "(last seen " in root["text"], root

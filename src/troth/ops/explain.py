@@ -351,7 +351,13 @@ class _Walker:
         f.evidence["workers"] = len(workers)
         if not workers:
             seen_at = self.view.last_seen.get(group)
-            ago = f"last seen {relative(seen_at, self.now)}" if seen_at else "never seen"
+            if seen_at is not None:
+                ago = f"last seen {relative(seen_at, self.now)}"
+            elif self.view.remembers_since is not None:
+                started = relative(self.view.remembers_since, self.now)
+                ago = f"none since this server started {started}"
+            else:
+                ago = "never seen"
             who = (
                 f"worker `{poll.id}` in group"
                 if poll.cast == "uni"

@@ -41,6 +41,9 @@ class ClusterView:
     last_seen: dict[str, int] = field(default_factory=dict)
     #: The clock these instants were read against (the database's, on PostgreSQL).
     now: int | None = None
+    #: Since when ``last_seen`` remembers (one node: since it started; None: the
+    #: database keeps it across restarts).
+    remembers_since: int | None = None
 
     def connected(self, group: str, pid: str | None = None) -> list[WorkerInfo]:
         """Connections of a group (case-insensitive, as poll groups are), or of one pid
@@ -72,4 +75,5 @@ def local_view(registry: Registry, node: str, url: str, started_at: int, now: in
         ],
         last_seen=dict(registry.last_seen),
         now=now,
+        remembers_since=started_at,
     )
