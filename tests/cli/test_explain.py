@@ -254,3 +254,28 @@ def test_the_operator_api_refuses_bad_queries(server: RunningServer) -> None:
     assert status == 200
     assert counts["promises"] == {"pending": 1} and counts["tasks"] == {"pending": 1}
     assert counts["outbox"] == {"pending": 1} and counts["schedules"] == {"all": 0}
+
+
+def test_promises_by_id_prefix_and_state_page_in_id_order(server: RunningServer) -> None:
+    for id in ("a.1", "a.2", "a.3", "a%", "ab", "b", "ä.1"):
+        create(server, id, {"resonate:external": "true"})
+    server.ok("promise.settle", {"id": "a.2", "state": "resolved", "value": {}})
+
+    def ids(**params: str) -> tuple[list[str], Any]:
+        status, body = ops(server, "promises", **params)
+        assert status == 200, body
+        return [p["id"] for p in body["promises"]], body["next"]
+
+    assert ids(prefix="a.") == (["a.1", "a.2", "a.3"], None)
+    assert ids(prefix="a.", state="pending") == (["a.1", "a.3"], None)
+    assert ids(prefix="a.", state="resolved") == (["a.2"], None)
+    assert ids(prefix="a%") == (["a%"], None)  # no pattern characters
+    assert ids(prefix="ä") == (["ä.1"], None)
+    assert ids(prefix="a", limit="2") == (["a%", "a.1"], "a.1")
+    assert ids(prefix="a", limit="2", after="a.1") == (["a.2", "a.3"], "a.3")
+    assert ids(prefix="a", limit="2", after="a.3") == (["ab"], None)
+    assert ids(state="pending", limit="3") == (["a%", "a.1", "a.3"], "a.3")
+    assert ops(server, "promises", state="done")[0] == 400
+    # The protocol's search by state alone takes the pending index's path; same answer.
+    found = server.ok("promise.search", {"state": "pending", "limit": 10})["promises"]
+    assert [p["id"] for p in found] == ["a%", "a.1", "a.3", "ab", "b", "ä.1"]

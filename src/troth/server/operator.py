@@ -3,6 +3,7 @@
 
 =======================  ===============================================================
 ``/ops/explain?id=ID``   why ``ID`` is not done (``troth explain``; ops/explain.py)
+``/ops/promises``        promises by id ``prefix`` and ``state``, in id order (``after``)
 ``/ops/outbox``          outbox rows, newest first: ``state``, ``task``, ``before``, ``limit``
 ``/ops/workers``         connected workers by group and node, groups' last seen, nodes
 ``/ops/counts``          rows by state: promises, tasks, outbox; schedules
@@ -22,10 +23,13 @@ from collections.abc import Callable
 from typing import Any, Final
 from urllib.parse import parse_qs
 
+import msgspec
+
 from troth.ops.explain import explain, row_json
 from troth.ops.facts import gather
 from troth.ops.workers import ClusterView, local_view
 from troth.outbox.rows import RowState
+from troth.protocol.records import PROMISE_STATES
 from troth.server.bounces import BounceTracker
 from troth.store.base import Store
 from troth.transport.poll import Registry
@@ -74,6 +78,7 @@ class OperatorApi:
         self._counts: tuple[float, dict[str, Any]] | None = None
         self.routes: dict[str, Callable[[dict[str, str]], Any]] = {
             "/ops/explain": self.explain,
+            "/ops/promises": self.promises,
             "/ops/outbox": self.outbox,
             "/ops/workers": self.workers,
             "/ops/counts": self.counts,
@@ -111,6 +116,21 @@ class OperatorApi:
         now = self.clock()
         result = explain(facts, view, lambda task: self.bounces.episode(task, now), now)
         return result.as_json()
+
+    async def promises(self, params: dict[str, str]) -> Any:
+        """Promises by id prefix (and state), in id order: a range read, never a scan
+        of the table (``pending`` has an index of its own)."""
+        state = params.get("state") or None
+        if state is not None and state not in PROMISE_STATES:
+            raise Refused(400, f"state must be one of {', '.join(sorted(PROMISE_STATES))}")
+        limit = _int(params, "limit", 100, 1, MAX_LIMIT)
+        prefix = params.get("prefix", "")
+        after = params.get("after") or None
+        found = await asyncio.to_thread(
+            self.store.inspect, lambda ins: ins.promises(prefix, state, after, limit)
+        )
+        items = [msgspec.to_builtins(p.record()) for p in found]
+        return {"promises": items, "next": found[-1].id if len(found) == limit else None}
 
     async def outbox(self, params: dict[str, str]) -> Any:
         state = params.get("state") or None

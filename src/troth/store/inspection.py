@@ -15,10 +15,13 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from troth.outbox.rows import OutboxRow
-from troth.protocol.records import Promise, Schedule, Task
+from troth.protocol.records import PENDING, Promise, Schedule, Task
 from troth.store.codec import OUTBOX_COLS, PROMISE_COLS, SCHEDULE_COLS, TASK_COLS, RowCodec
 from troth.store.outbox import Cursor
 
+#: Sorts after every character (UTF-8 F4 8F BF BF): ``prefix + ID_END`` bounds the ids
+#: that start with ``prefix`` (both stores compare ids bytewise).
+ID_END: Final = "\U0010ffff"
 #: Rows one tree read returns at most (a workflow larger than this is cut, and says so).
 TREE_LIMIT: Final = 5000
 
@@ -40,6 +43,13 @@ class Inspection(ABC):
     @abstractmethod
     def tree(self, origin: str, limit: int = TREE_LIMIT) -> list[Promise]:
         """Promises tagged ``resonate:origin = origin``, in id order (an index read)."""
+
+    @abstractmethod
+    def promises(
+        self, prefix: str, state: str | None, after: str | None, limit: int
+    ) -> list[Promise]:
+        """Promises whose id starts with ``prefix``, in id order after ``after``: a
+        range of the primary key (and, for pending, of the pending index)."""
 
     @abstractmethod
     def deliveries(self, task_id: str, limit: int) -> list[OutboxRow]:
@@ -87,6 +97,19 @@ class SqlInspection(Inspection):
     def tree(self, origin: str, limit: int = TREE_LIMIT) -> list[Promise]:
         return [self.codec.promise(r) for r in self._all("tree", origin, limit)]
 
+    def promises(
+        self, prefix: str, state: str | None, after: str | None, limit: int
+    ) -> list[Promise]:
+        low = max(prefix, after) if after is not None else prefix
+        high = prefix + ID_END
+        if state == PENDING:
+            rows = self._all("pending_range", low, after or "", high, limit)
+        elif state is None:
+            rows = self._all("range", low, after or "", high, limit)
+        else:
+            rows = self._all("range_in_state", low, after or "", high, state, limit)
+        return [self.codec.promise(r) for r in rows]
+
     def deliveries(self, task_id: str, limit: int) -> list[OutboxRow]:
         return [self.codec.outbox_row(r) for r in self._all("deliveries", task_id, limit)]
 
@@ -114,6 +137,19 @@ def _queries(p: str) -> dict[str, str]:
         "task": f"SELECT {TASK_COLS} FROM tasks WHERE id = {p}",
         "schedule": f"SELECT {SCHEDULE_COLS} FROM schedules WHERE id = {p}",
         "tree": f"SELECT {PROMISE_COLS} FROM promises WHERE origin = {p} ORDER BY id LIMIT {p}",
+        # The range is [low, high), minus ``after`` itself (a page's last id).
+        "range": (
+            f"SELECT {PROMISE_COLS} FROM promises WHERE id >= {p} AND id > {p} AND id < {p}"
+            f" ORDER BY id LIMIT {p}"
+        ),
+        "pending_range": (
+            f"SELECT {PROMISE_COLS} FROM promises WHERE state = 'pending'"
+            f" AND id >= {p} AND id > {p} AND id < {p} ORDER BY id LIMIT {p}"
+        ),
+        "range_in_state": (
+            f"SELECT {PROMISE_COLS} FROM promises WHERE id >= {p} AND id > {p} AND id < {p}"
+            f" AND state = {p} ORDER BY id LIMIT {p}"
+        ),
         "deliveries": (
             f"SELECT {OUTBOX_COLS} FROM outbox WHERE task_id = {p} ORDER BY id DESC LIMIT {p}"
         ),

@@ -359,6 +359,14 @@ class MemoryInspection(Inspection):
     def tree(self, origin: str, limit: int = TREE_LIMIT) -> list[Promise]:
         return _scan(self.b.promises, lambda p: p.tags.get(TAG_ORIGIN) == origin, None, limit)
 
+    def promises(
+        self, prefix: str, state: str | None, after: str | None, limit: int
+    ) -> list[Promise]:
+        def match(p: Promise) -> bool:
+            return p.id.startswith(prefix) and (state is None or p.state == state)
+
+        return _scan(self.b.promises, match, after, limit)
+
     def _newest(self, keep: Callable[[OutboxRow], bool], limit: int) -> list[OutboxRow]:
         rows = sorted((r for r in self.b.outbox.values() if keep(r)), key=lambda r: -r.id)
         return [dataclasses.replace(r) for r in rows[:limit]]

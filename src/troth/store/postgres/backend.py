@@ -13,6 +13,7 @@ from typing import Any, Final, TypeVar
 import psycopg
 
 from troth.protocol.records import (
+    PENDING,
     TAG_ORIGIN,
     Execute,
     OutboxEntry,
@@ -114,13 +115,18 @@ def _scan_sql(
     tags: bool,
     after: bool,
     origin: bool = False,
+    pending: bool = False,
 ) -> str:
     """The scan's statement; with ``origin``, the indexed ``origin = …`` comes first
-    (the ``resonate:origin`` tag, derived on every write)."""
+    (the ``resonate:origin`` tag, derived on every write); ``pending`` (the states are
+    exactly pending) is written as a literal, which the partial index of pending
+    promises matches (a parameter would not, in a generic plan)."""
     where: list[str] = ["origin = %(origin)s"] if origin else []
     if after:
         where.append("id > %(after)s")
-    if states:
+    if pending:
+        where.append("state = 'pending'")
+    elif states:
         where.append("state = ANY(%(states)s)")
     if tags_column is not None and tags:
         # jsonb containment of a flat string map is "every pair is present"; any key
@@ -131,9 +137,11 @@ def _scan_sql(
 
 
 @functools.cache
-def _scan(table: str, states: bool, tags: bool, after: bool, origin: bool = False) -> str:
+def _scan(
+    table: str, states: bool, tags: bool, after: bool, origin: bool = False, pending: bool = False
+) -> str:
     if table == "promises":
-        return _scan_sql(table, PROMISE_COLS, states, "tags", tags, after, origin)
+        return _scan_sql(table, PROMISE_COLS, states, "tags", tags, after, origin, pending)
     if table == "tasks":
         return _scan_sql(table, TASK_COLS, states, None, False, after)
     return _scan_sql(table, SCHEDULE_COLS, False, "promise_tags", tags, after)
@@ -346,7 +354,10 @@ class PostgresBackend(Backend):
             params["tags"] = _tags_filter(tags)
             if params["tags"] is None:
                 return None
-        sql = _scan(table, states is not None, bool(tags), after is not None, origin is not None)
+        pending = table == "promises" and params.get("states") == [PENDING]
+        sql = _scan(
+            table, states is not None, bool(tags), after is not None, origin is not None, pending
+        )
         return self.cur.execute(sql, params).fetchall()
 
     def scan_promises(

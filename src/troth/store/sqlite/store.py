@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from typing import Any, Final, TypeVar
 
 from troth.outbox.rows import OutboxRow
-from troth.protocol.records import TAG_ORIGIN, Promise, Schedule, Tags, Task
+from troth.protocol.records import PENDING, TAG_ORIGIN, Promise, Schedule, Tags, Task
 from troth.store.base import Backend, Store, StoreUnavailable
 from troth.store.codec import PROMISE_COLS, SCHEDULE_COLS, TASK_COLS, RowCodec
 from troth.store.inspection import Inspection, SqlInspection
@@ -80,13 +80,18 @@ def _scan_sql(
     tags: int,
     after: bool,
     origin: bool = False,
+    pending: bool = False,
 ) -> str:
     """The scan's statement; with ``origin``, the first condition is the indexed
-    ``origin = ?`` (the ``resonate:origin`` tag, derived on every write)."""
+    ``origin = ?`` (the ``resonate:origin`` tag, derived on every write); ``pending``
+    (the states are exactly pending) is a literal, which the partial index of pending
+    promises matches (the planner cannot see through a bound parameter)."""
     where: list[str] = ["origin = ?"] if origin else []
     if after:
         where.append("id > ?")
-    if states is not None:
+    if pending:
+        where.append("state = 'pending'")
+    elif states is not None:
         where.append(f"state IN ({', '.join('?' * states)})")
     if tags_column is not None:
         where.extend(_tag_filter(table, tags_column) for _ in range(tags))
@@ -139,6 +144,9 @@ class SqliteBackend(Backend):
         origin = tags.get(TAG_ORIGIN)
         if origin is not None:
             tags = {k: v for k, v in tags.items() if k != TAG_ORIGIN}
+        pending = states is not None and set(states) == {PENDING}
+        if pending:
+            states = None
         sql = _scan_sql(
             "promises",
             PROMISE_COLS,
@@ -147,6 +155,7 @@ class SqliteBackend(Backend):
             len(tags),
             after is not None,
             origin is not None,
+            pending,
         )
         params = _scan_params(after, states, tags, limit)
         if origin is not None:

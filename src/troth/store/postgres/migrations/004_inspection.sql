@@ -12,3 +12,7 @@ CREATE TABLE worker_groups (
     grp TEXT COLLATE "C" PRIMARY KEY,
     seen_at NUMERIC NOT NULL
 );
+
+-- What is pending, listed in id order without reading the settled (most) rows: the
+-- search by state = pending (`troth promises search --state pending`, /ops/promises).
+CREATE INDEX promises_pending ON promises (id) WHERE state = 'pending';
