@@ -315,3 +315,29 @@ def test_token_command_signs_what_the_server_verifies(
     assert (got.prefix, got.groups, got.admin) == ("a.", frozenset({"g1", "g2"}), False)
     assert 290 < got.expires - time.time() <= 300
     assert main(["token", "--prefix", "x"]) == 2  # no key
+
+
+def test_start_says_how_clients_are_checked(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from troth.server.auth import announce_auth
+    from troth.server.config import Settings
+
+    logger = logging.getLogger("troth.test")
+    caplog.set_level("INFO", "troth.test")
+    announce_auth(Settings(host="127.0.0.1"), None, logger)
+    assert not caplog.records
+    announce_auth(Settings(host="0.0.0.0"), None, logger)
+    assert "auth is OFF and troth binds 0.0.0.0" in caplog.text
+    caplog.clear()
+    announce_auth(Settings(auth_publickey="none"), Authenticator.from_settings("none"), logger)
+    assert caplog.records[0].levelname == "WARNING" and "INSECURE" in caplog.text
+
+
+def test_serve_refuses_an_unusable_key_before_it_binds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = str(tmp_path / "nope.pem")
+    assert main(["serve", "--store", "memory", "--auth-publickey", missing]) == 2
+    assert "auth_publickey: cannot read" in capsys.readouterr().err
+    assert main(["serve", "--store", "memory", "--auth-audience", "x"]) == 2  # needs a key
