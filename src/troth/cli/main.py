@@ -1,5 +1,6 @@
-"""``troth serve``, ``troth dev``, ``troth bench``, and the client commands
-(``troth promises|tasks|schedules …``, ``troth invoke``: ``cli/client.py``).
+"""``troth serve``, ``troth dev``, ``troth bench``, ``troth token`` (``cli/token.py``),
+and the client commands (``troth promises|tasks|schedules …``, ``troth invoke``:
+``cli/client.py``).
 
 ``serve`` runs the server on the configured store (SQLite file ``troth.db`` by
 default).  ``dev`` is ``serve --debug`` on a fresh in-memory store: zero
@@ -15,6 +16,7 @@ from typing import Any
 from troth import __version__
 from troth.bench.options import add_bench_flags
 from troth.cli.client import add_client_commands, run_client
+from troth.cli.token import add_token_command, run_token
 from troth.server.config import ConfigError, Settings, load
 
 
@@ -53,6 +55,12 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--node-timeout", type=float, help="seconds before a silent node counts as dead (5)"
     )
+    p.add_argument(
+        "--auth-publickey",
+        help="PEM public key that signs client JWTs, or 'none' (unsigned: development only)",
+    )
+    p.add_argument("--auth-issuer", help="required iss claim of every token")
+    p.add_argument("--auth-audience", help="required aud claim of every token")
 
 
 def settings_from(args: argparse.Namespace, base: Settings | None = None) -> Settings:
@@ -83,6 +91,9 @@ def settings_from(args: argparse.Namespace, base: Settings | None = None) -> Set
         "outbox_retention": args.outbox_retention,
         "node_id": args.node_id,
         "node_timeout": args.node_timeout,
+        "auth_publickey": args.auth_publickey,
+        "auth_issuer": args.auth_issuer,
+        "auth_audience": args.auth_audience,
     }
     return load(overrides, toml_path=args.config, base=base)
 
@@ -98,7 +109,10 @@ def main(argv: list[str] | None = None) -> int:
     bench = sub.add_parser("bench", help="load-test a server (docs/benchmarks.md)")
     add_bench_flags(bench)
     add_client_commands(sub)
+    add_token_command(sub)
     args = parser.parse_args(argv)
+    if args.command == "token":
+        return run_token(args)
     if getattr(args, "build", None) is not None:
         return run_client(args)
     if args.command == "bench":

@@ -1,9 +1,11 @@
 """Searches (P-06, T-11, S-04): served, not 501 (SPEC.md §10.24 leaves them to us).
 
 Semantics, documented in docs/protocol.md: filter by ``state`` (of the projected
-view, so a promise past its deadline is found as timed out) and by ``tags`` (every
-given pair present); results in id order; ``limit`` 1..1000 (default 100, 10 for
-schedules); ``cursor`` is opaque and continues after the last id of the page.
+view, so a promise past its deadline is found as timed out), by ``tags`` (every
+given pair present) and, a troth extension, by ``idPrefix`` (ids starting with it:
+what a prefix token may see, server/auth.py); results in id order; ``limit``
+1..1000 (default 100, 10 for schedules); ``cursor`` is opaque and continues after
+the last id of the page.
 """
 
 from __future__ import annotations
@@ -64,23 +66,40 @@ def paged(
     ident: Callable[[T], str],
     req: rq.PromiseSearch | rq.TaskSearch | rq.ScheduleSearch,
     default_limit: int,
+    exact: Callable[[str], T | None],
 ) -> Response:
     """Fill one page from id-ordered candidates, keeping those ``keep`` maps to a value;
-    the answer is ``{name: [...], "cursor"?}`` (no cursor on the last page)."""
+    the answer is ``{name: [...], "cursor"?}`` (no cursor on the last page).
+
+    With an ``idPrefix`` the ids starting with it are one run in code-point order
+    (every store orders ids so), and the run begins with the prefix itself: so the
+    page starts with ``exact(prefix)`` (the candidate of exactly that id, if it
+    passes the filters), scans on after it, and ends at the first id outside it."""
     try:
         limit = check_limit(req.limit, default_limit)
         last = decode_cursor(req.cursor)
     except SearchError as exc:
         return error(400, str(exc))
+    prefix = req.id_prefix or ""
     out: list[object] = []
+    if prefix and (last is None or last < prefix):
+        first = exact(prefix)
+        last = prefix
+        kept = None if first is None else keep(first)
+        if kept is not None:
+            out.append(kept)
     exhausted = False
-    while len(out) < limit:
+    while len(out) < limit and not exhausted:
         batch = fetch(last, max(limit - len(out), 50))
         if not batch:
             exhausted = True
             break
         for item in batch:
-            last = ident(item)
+            id = ident(item)
+            if not id.startswith(prefix):
+                exhausted = True
+                break
+            last = id
             kept = keep(item)
             if kept is not None:
                 out.append(kept)
@@ -109,7 +128,13 @@ def promise_search(tx: Tx, req: rq.PromiseSearch, now: int) -> Response:
     def fetch(after: str | None, n: int) -> list[Promise]:
         return tx.scan_promises(states, req.tags, after, n)
 
-    return paged("promises", fetch, keep, lambda p: p.id, req, 100)
+    def exact(id: str) -> Promise | None:
+        p = tx.get_promise(id)
+        if p is None or (states is not None and p.state not in states):
+            return None
+        return p if all(p.tags.get(k) == v for k, v in req.tags.items()) else None
+
+    return paged("promises", fetch, keep, lambda p: p.id, req, 100, exact)
 
 
 def task_search(tx: Tx, req: rq.TaskSearch, now: int) -> Response:
@@ -128,11 +153,21 @@ def task_search(tx: Tx, req: rq.TaskSearch, now: int) -> Response:
     def fetch(after: str | None, n: int) -> list[Task]:
         return tx.scan_tasks(states, after, n)
 
-    return paged("tasks", fetch, keep, lambda t: t.id, req, 100)
+    def exact(id: str) -> Task | None:
+        t = tx.get_task(id)
+        return None if t is None or (states is not None and t.state not in states) else t
+
+    return paged("tasks", fetch, keep, lambda t: t.id, req, 100, exact)
 
 
 def schedule_search(tx: Tx, req: rq.ScheduleSearch, now: int) -> Response:
     def fetch(after: str | None, n: int) -> list[Schedule]:
         return tx.scan_schedules(req.tags, after, n)
 
-    return paged("schedules", fetch, lambda s: s, lambda s: s.id, req, 10)
+    def exact(id: str) -> Schedule | None:
+        s = tx.get_schedule(id)
+        if s is None or not all(s.promise_tags.get(k) == v for k, v in req.tags.items()):
+            return None
+        return s
+
+    return paged("schedules", fetch, lambda s: s, lambda s: s.id, req, 10, exact)

@@ -53,6 +53,7 @@ class PromiseSearch(Req, frozen=True):
     tags: Tags = msgspec.field(default_factory=dict)
     limit: int | None = None
     cursor: str | None = None
+    id_prefix: str | None = None  # troth: only ids starting with it (docs/protocol.md)
 
 
 class TaskGet(Req, frozen=True):
@@ -133,6 +134,7 @@ class TaskSearch(Req, frozen=True):
     state: str | None = None
     limit: int | None = None
     cursor: str | None = None
+    id_prefix: str | None = None  # troth: only ids starting with it (docs/protocol.md)
 
 
 class ScheduleGet(Req, frozen=True):
@@ -156,6 +158,7 @@ class ScheduleSearch(Req, frozen=True):
     tags: Tags = msgspec.field(default_factory=dict)
     limit: int | None = None
     cursor: str | None = None
+    id_prefix: str | None = None  # troth: only ids starting with it (docs/protocol.md)
 
 
 class DebugEmpty(Req, frozen=True):

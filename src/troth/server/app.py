@@ -22,6 +22,7 @@ from troth.protocol.envelope import EnvelopeError, decode_envelope, encode_respo
 from troth.protocol.limits import too_long
 from troth.protocol.records import TaskRecord
 from troth.protocol.requests import BadRequest, decode_data
+from troth.server.auth import Authenticator, Denied, Grant, authorize
 from troth.server.bounces import BounceTracker, Refusal
 from troth.server.cluster import Cluster
 from troth.server.config import Settings
@@ -44,6 +45,8 @@ access = logging.getLogger("troth.access")
 grants = logging.getLogger("troth.grants")
 
 LEGACY_PREFIXES = ("/promises", "/tasks", "/schedules")
+#: Operator surfaces: an admin token when auth is on (docs/security.md).
+ADMIN_PREFIXES = ("/metrics", "/ops/")
 JSON = [(b"content-type", b"application/json")]
 _json = msgspec.json.Encoder()
 
@@ -119,6 +122,10 @@ class App:
             max_total=settings.max_sse, max_per_group=settings.max_sse_per_group
         )
         self.limits = settings.limits
+        #: None when auth is off: the hot path then pays one ``is not None``.
+        self.auth = Authenticator.from_settings(
+            settings.auth_publickey, settings.auth_issuer, settings.auth_audience
+        )
         self.refusals = Throttled(log)
         self.delivery = delivery
         self.cluster = cluster
@@ -192,6 +199,9 @@ class App:
     async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         path: str = scope["path"]
         method: str = scope["method"]
+        if self.auth is not None and path != "/" and (denied := self.gate(scope, path)):
+            await refuse(send, denied)
+            return
         if path == "/":
             if method != "POST":
                 await respond(send, 405, {"error": "use POST / with a protocol envelope"})
@@ -239,6 +249,17 @@ class App:
         else:
             await respond(send, 404, {"error": f"no route for {method} {path}"})
 
+    def gate(self, scope: Scope, path: str) -> Denied | None:
+        """Auth for the GET surfaces (``POST /`` checks its envelope's token itself):
+        ``/health`` and ``/ready`` stay open, operator paths need an admin token,
+        ``/poll/{group}/…`` a token that may poll that group."""
+        assert self.auth is not None
+        if path.startswith(ADMIN_PREFIXES):
+            return self.auth.require_admin(scope.get("headers", ()))
+        if path.startswith("/poll/"):
+            return self.auth.may_poll(scope.get("headers", ()), path.split("/")[2])
+        return None
+
     async def ready(self, send: Send) -> None:
         try:
             await asyncio.wait_for(self.engine.exclusive(self.engine.store.ping), 2.0)
@@ -268,6 +289,13 @@ class App:
             await self.answer(send, exc.kind, exc.corr_id, 400, str(exc), started)
             return
         kind, corr = env.kind, env.head.corrId
+        grant: Grant | None = None
+        if self.auth is not None:
+            checked = self.auth.authenticate(env.head.auth, scope.get("headers", ()))
+            if isinstance(checked, Denied):
+                await self.answer(send, kind, corr, checked.status, checked.message, started)
+                return
+            grant = checked
         if kind.startswith("debug.") and not self.settings.debug:
             await self.answer(send, kind, corr, 403, "Debug operations are disabled", started)
             return
@@ -280,6 +308,12 @@ class App:
         if refused is not None:
             await self.answer(send, kind, corr, 400, refused, started)
             return
+        if grant is not None:
+            allowed = authorize(grant, kind, req)
+            if isinstance(allowed, Denied):
+                await self.answer(send, kind, corr, allowed.status, allowed.message, started)
+                return
+            req = allowed  # a search narrowed to the token's prefix
         now = self.engine.clock()
         if self.settings.debug and env.head.debug_time is not None:
             now = env.head.debug_time
@@ -533,3 +567,9 @@ async def send_bytes(
 
 async def respond(send: Send, status: int, obj: object) -> None:
     await send_bytes(send, status, _json.encode(obj))
+
+
+async def refuse(send: Send, denied: Denied) -> None:
+    """A 401 or 403 outside the envelope (``/poll``, operator paths)."""
+    extra = [(b"www-authenticate", b"Bearer")] if denied.status == 401 else None
+    await send_bytes(send, denied.status, _json.encode({"error": denied.message}), extra)

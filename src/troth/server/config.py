@@ -58,6 +58,9 @@ class Settings:
     outbox_retention: float = 3600.0  # seconds delivered outbox rows are kept
     node_id: str = ""  # this node's name among several (postgres); default host-pid-random
     node_timeout: float = 5.0  # seconds without a heartbeat before peers count a node dead
+    auth_publickey: str = ""  # PEM path of the JWT key; "none": unsigned tokens (dev only)
+    auth_issuer: str = ""  # required ``iss`` of every token, when set
+    auth_audience: str = ""  # required ``aud`` of every token, when set
 
     def __post_init__(self) -> None:
         if self.store not in ("memory", "sqlite", "postgres"):
@@ -94,6 +97,8 @@ class Settings:
             raise ConfigError("header_timeout, body_timeout and idle_timeout must be > 0")
         if not 0 < self.port < 65536:
             raise ConfigError(f"port must be 1..65535, not {self.port}")
+        if (self.auth_issuer or self.auth_audience) and not self.auth_publickey:
+            raise ConfigError("auth_issuer and auth_audience need auth_publickey")
         if self.log_level.lower() not in ("debug", "info", "warning", "error", "critical"):
             raise ConfigError(f"unknown log_level {self.log_level!r}")
 

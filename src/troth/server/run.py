@@ -17,8 +17,9 @@ from troth.machine.internal import Config
 from troth.outbox.types import DispatchConfig
 from troth.protocol.address import HTTP, HTTPS, POLL
 from troth.server.app import App
+from troth.server.auth import Authenticator, announce_auth
 from troth.server.cluster import default_node_id
-from troth.server.config import Settings
+from troth.server.config import ConfigError, Settings
 from troth.server.delivery import DeliveryLoop
 from troth.server.engine import Commit, Engine
 from troth.server.metrics import Metrics
@@ -119,8 +120,16 @@ def serve(settings: Settings) -> int:
     # 5 ms switch interval, taking it back waits behind the event loop and each group
     # commit stalls for milliseconds.  A short interval keeps the hand-offs short.
     sys.setswitchinterval(SWITCH_INTERVAL)
-    app = build_app(settings)
     log = logging.getLogger("troth")
+    try:
+        auth = Authenticator.from_settings(
+            settings.auth_publickey, settings.auth_issuer, settings.auth_audience
+        )
+    except ConfigError as exc:
+        print(f"troth: {exc}", file=sys.stderr)
+        return 2
+    announce_auth(settings, auth, log)
+    app = build_app(settings)
     log.info(
         "troth listening on http://%s:%d (store=%s%s, debug=%s)",
         settings.host,
