@@ -672,7 +672,8 @@ def t04_task_fence(s: Step, req: Json) -> Response:
     else:
         res = p03_promise_settle(s, inner)
     wrapped = {"kind": action["kind"], "head": {"status": res.status}, "data": res.data}
-    return ok({"action": wrapped, "preload": Preload(req["id"])})
+    # troth: a fence's preload is empty (docs/protocol.md "preload").
+    return ok({"action": wrapped, "preload": []})
 
 
 def t05_task_heartbeat(s: Step, req: Json) -> Response:

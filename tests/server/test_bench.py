@@ -19,7 +19,7 @@ import psycopg
 import pytest
 
 from helpers.pg import ADMIN_URL
-from troth.bench import drivers, peers, runner, workloads
+from troth.bench import drivers, peers, runner, sdk_steps, workloads
 from troth.bench import pg as bench_pg
 from troth.bench.client import BenchFailure, Client
 from troth.bench.measure import Samples
@@ -327,3 +327,49 @@ def test_inproc_runs_every_workload_through_the_store_and_refuses_unknown_names(
     assert inproc.main(["lifecycle", "64"]) == 0
     assert "µs CPU per request (64 promises)" in capsys.readouterr().out
     assert inproc.main(["nonsense"]) == 2
+
+
+def test_sdk_steps_runs_tiny_with_the_sdks_found(tmp_path: Path) -> None:
+    """``--workloads sdk-steps`` with a 5-step workflow on the memory store: each SDK
+    found in ``.sdk-cache/`` runs in-process and against troth, every step is timed,
+    and troth's share is read from its metrics (2 fences per step).  Skips where the
+    SDK tests have not built the SDKs."""
+    found = sdk_steps.Programs.find()
+    if not (found.available("python") or found.available("typescript")):
+        pytest.skip("no SDK in .sdk-cache/ (the SDK tests build them)")
+    out = io.StringIO()
+    opts = replace(TINY, dir=str(tmp_path), workloads=("sdk-steps",), steps=5)
+    report = runner.run(replace(opts, sdk_stores=("memory",)), out)
+    text = out.getvalue()
+    assert report.ok, text
+    assert "-- sdk-steps" in text and "troth share" in text
+    sdks = [s for s in sdk_steps.SDKS if found.available(s)]
+    assert [(r.sdk, r.where) for r in report.sdk_steps] == [
+        *((s, "in-process") for s in sdks),
+        *((s, "troth memory") for s in sdks),
+    ]
+    for r in report.sdk_steps:
+        assert r.steps == 5 and len(r.gaps_ms) == 4 and all(g >= 0 for g in r.gaps_ms)
+        if r.where == "in-process":
+            assert r.server_ms is None
+        else:
+            assert r.requests.get("task.fence") == 10, r.requests
+            assert r.server_ms is not None and r.server_ms > 0
+
+
+def test_sdk_steps_skips_a_missing_sdk_with_how_to_install_it(tmp_path: Path) -> None:
+    lines: list[str] = []
+    runs = asyncio.run(
+        sdk_steps.sdk_steps(
+            5,
+            sdk_steps.SDKS,
+            ("memory",),
+            tmp_path,
+            ADMIN_URL,
+            lambda *said: lines.extend(said),
+            sdk_steps.Programs(None, None),
+        )
+    )
+    assert runs == []
+    assert any("skipping the python SDK" in line and "pip install" in line for line in lines)
+    assert any("skipping the typescript SDK" in line and "npm install" in line for line in lines)

@@ -293,6 +293,39 @@ def test_preload_carries_the_branch(server: RunningServer) -> None:
     assert [p["id"] for p in body["preload"]] == ["wf:1"]
 
 
+def test_a_fence_answers_an_empty_preload_while_acquire_lists_the_branch(
+    server: RunningServer,
+) -> None:
+    """docs/protocol.md "preload": a ``task.fence`` answers ``preload: []`` however many
+    siblings its branch has (as the SDKs' own servers do; listing them made N
+    sequential steps cost O(N²)), while ``task.acquire`` still lists them for the
+    replay."""
+    branch = {"resonate:branch": "wf", "resonate:origin": "wf"}
+    task = {"resonate:target": "poll://any@g", **branch}
+    server.ok("promise.create", {"id": "wf", "timeoutAt": 10**13, "tags": task}, now=1)
+    granted = server.ok("task.acquire", {"id": "wf", "version": 0, "pid": "p", "ttl": 60_000})
+    assert granted["preload"] == []
+    for i in range(3):
+        answer = server.ok(
+            "task.fence",
+            {
+                "id": "wf",
+                "version": 1,
+                "action": {
+                    "kind": "promise.create",
+                    "head": {},
+                    "data": {"id": f"wf:{i}", "timeoutAt": 10**13, "tags": branch},
+                },
+            },
+            now=2,
+        )
+        assert answer["action"]["data"]["promise"]["id"] == f"wf:{i}"
+        assert answer["preload"] == []
+    server.ok("task.release", {"id": "wf", "version": 1})
+    again = server.ok("task.acquire", {"id": "wf", "version": 1, "pid": "p", "ttl": 60_000})
+    assert [p["id"] for p in again["preload"]] == ["wf:0", "wf:1", "wf:2"]
+
+
 def test_internal_error_is_500_rolled_back_and_logged(
     server: RunningServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -11,6 +11,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 WORKLOADS = ("create-settle", "lifecycle", "fanout", "reads", "timers", "heartbeat")
+#: Workloads run only when named: ``sdk-steps`` needs the published SDKs, which are
+#: not troth's dependencies, and starts servers of its own (troth.bench.sdk_steps).
+NAMED_ONLY = ("sdk-steps",)
+SDKS = ("python", "typescript")
+SDK_STORES = ("sqlite", "memory", "postgres")
 PEERS = ("pgqueuer",)
 
 
@@ -53,6 +58,9 @@ class Options:
     json: str | None = None
     op_timeout: float = 30.0  # longest wait for one message before the run fails
     wait_quiet: float = 0.0  # seconds to wait, before each measurement, for other load to stop
+    steps: int = 300  # sdk-steps: sequential ctx.run steps of the measured workflow
+    sdks: tuple[str, ...] = SDKS  # sdk-steps: which SDKs
+    sdk_stores: tuple[str, ...] = SDK_STORES  # sdk-steps: troth's stores to run them against
 
 
 def _names(what: str, choices: Sequence[str]) -> Callable[[str], tuple[str, ...]]:
@@ -68,7 +76,9 @@ def _names(what: str, choices: Sequence[str]) -> Callable[[str], tuple[str, ...]
     return parse
 
 
-_workloads = _names("workload", WORKLOADS)
+_workloads = _names("workload", WORKLOADS + NAMED_ONLY)
+_sdks = _names("SDK", SDKS)
+_sdk_stores = _names("store", SDK_STORES)
 _peers = _names("peer", PEERS)
 
 
@@ -158,7 +168,18 @@ def add_bench_flags(p: argparse.ArgumentParser) -> None:
         "--workloads",
         type=_workloads,
         default=d.workloads,
-        help=f"comma-separated subset of {','.join(WORKLOADS)} ('' for none: --scale only)",
+        help=f"comma-separated subset of {','.join(WORKLOADS)} ('' for none: --scale only);"
+        f" also {','.join(NAMED_ONLY)} (only when named: the published SDKs' step latency)",
+    )
+    p.add_argument(
+        "--steps", type=int, default=d.steps, help="sdk-steps: steps of the workflow (300)"
+    )
+    p.add_argument("--sdks", type=_sdks, default=d.sdks, help=f"sdk-steps: SDKs ({','.join(SDKS)})")
+    p.add_argument(
+        "--sdk-stores",
+        type=_sdk_stores,
+        default=d.sdk_stores,
+        help=f"sdk-steps: troth stores to run the SDKs against ({','.join(SDK_STORES)})",
     )
     p.add_argument(
         "--scale",
@@ -220,6 +241,9 @@ def options_from(args: argparse.Namespace) -> Options:
         json=args.json,
         op_timeout=args.op_timeout,
         wait_quiet=args.wait_quiet,
+        steps=args.steps,
+        sdks=args.sdks,
+        sdk_stores=args.sdk_stores,
     )
 
 
@@ -234,4 +258,6 @@ def problems(opts: Options) -> list[str]:
         out.append("--url drives one running server: no --nodes, no postgres --scale")
     if opts.peer_batch < 1 or opts.peer_jobs < 1 or opts.peer_inflight < 1:
         out.append("--peer-batch, --peer-jobs and --peer-inflight must be >= 1")
+    if "sdk-steps" in opts.workloads and (opts.url or opts.steps < 2):
+        out.append("sdk-steps starts its own servers (no --url) and needs --steps >= 2")
     return out

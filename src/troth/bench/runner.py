@@ -54,6 +54,7 @@ from troth.bench.report import (
     target_lines,
 )
 from troth.bench.results import Limits, Result, ScalePoint
+from troth.bench.sdk_steps import StepRun, sdk_steps
 from troth.bench.seed import SeedIds, seed, seed_postgres
 from troth.bench.workloads import RUNNERS, Ctx, reads_of
 
@@ -67,6 +68,7 @@ class Report:
     results: list[Result] = field(default_factory=list)
     scale: list[ScalePoint] = field(default_factory=list)
     peers: list[Result] = field(default_factory=list)  # the peer queues (--peers)
+    sdk_steps: list[StepRun] = field(default_factory=list)  # --workloads sdk-steps
     rss_at_rest: int | None = None
     rss_after: int | None = None
     ok: bool = True
@@ -79,6 +81,7 @@ class Report:
             "results": [r.to_json() for r in self.results],
             "scale": [p.to_json() for p in self.scale],
             "peers": [r.to_json() for r in self.peers],
+            "sdk_steps": [r.to_json() for r in self.sdk_steps],
             "rss_at_rest": self.rss_at_rest,
             "rss_after": self.rss_after,
             "ok": self.ok,
@@ -237,6 +240,13 @@ class Bench:
     async def main(self) -> Report:
         opts = self.opts
         self.say(*settings_lines(self.report.settings), "")
+        steps = "sdk-steps" in opts.workloads
+        opts = self.opts = replace(
+            opts, workloads=tuple(w for w in opts.workloads if w != "sdk-steps")
+        )
+        if steps and not (opts.workloads or opts.scale or opts.peers):
+            await self.sdk_steps()  # the limits mean nothing to it: not measured
+            return self.report
         limits = self.report.limits
         await self.quiet("the limits")
         if opts.store == "postgres":
@@ -265,6 +275,8 @@ class Bench:
                 self.report.scale.append(await self.scale_point(count))
             for peer in opts.peers:
                 await self.peer(peer)
+            if steps:
+                await self.sdk_steps()
         except BenchFailure as exc:
             self.report.ok = False
             self.report.failure = str(exc)
@@ -295,6 +307,28 @@ class Bench:
         if opts.json:
             Path(opts.json).write_text(json.dumps(self.report.to_json(), indent=2))
         return self.report
+
+    async def sdk_steps(self) -> None:
+        """The published SDKs' step latency (``troth.bench.sdk_steps``)."""
+        opts = self.opts
+        await self.quiet("sdk-steps")
+        self.say(
+            f"-- sdk-steps: workflows of {opts.steps:,} sequential ctx.run steps "
+            + "-" * max(0, 18 - len(f"{opts.steps:,}"))
+        )
+        try:
+            self.report.sdk_steps = await sdk_steps(
+                opts.steps, opts.sdks, opts.sdk_stores, self.workdir, self.pg_base, self.say
+            )
+        except RuntimeError as exc:
+            raise BenchFailure(f"sdk-steps: {exc}") from exc
+        if self.report.sdk_steps:
+            self.say(
+                "  note: step = gap between two consecutive steps' starts, in the SDK's"
+                " process; troth ms/step = its troth_request_seconds over the workflow"
+                " ÷ steps; share = that ÷ the mean step",
+            )
+        self.say("")
 
     async def postgres_limits(self) -> None:
         """Raw durable commits on the same PostgreSQL server (see :mod:`troth.bench.pg`)."""

@@ -149,12 +149,16 @@ def task_fence(tx: Tx, req: rq.TaskFence, now: int, head: dict[str, object]) -> 
     if isinstance(corr, str):
         inner_head = {"corrId": corr, "status": inner.status}
     inner_head["version"] = head.get("version", "2026-04-01")
-    assert r.promise is not None
+    # ``preload`` is empty, as both published SDKs' own in-process servers answer a
+    # fence: the worker already holds every sibling (from the acquire's preload or
+    # its own fences), and listing the branch on every fence made a workflow of N
+    # sequential steps read, encode and send O(N²) promises (docs/benchmarks.md,
+    # "SDK step latency").
     return Response(
         200,
         {
             "action": {"kind": req.action.kind, "head": inner_head, "data": inner.data},
-            "preload": preload(tx, r.promise, now),
+            "preload": [],
         },
     )
 
