@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from helpers.support import RunningServer, free_port
-from troth.cli.durations import parse_duration
 from troth.cli.main import main
+from troth.durations import parse_duration
 
 
 def cli(

@@ -23,11 +23,11 @@ import time
 from collections.abc import Callable
 from typing import Any, Final
 
-from troth.cli.durations import parse_duration
 from troth.cli.inspect import show_explain, show_outbox, show_workers
 from troth.cli.remote import DEFAULT_SERVER, Remote, RemoteError, Unreachable
 from troth.cli.render import Renderer
 from troth.cli.tree import show_tree
+from troth.durations import parse_duration
 
 EXIT_REFUSED: Final = 1
 EXIT_USAGE: Final = 2

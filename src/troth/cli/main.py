@@ -51,6 +51,12 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-attempts", type=int, help="sends of one outbox row before it fails (5)")
     p.add_argument("--dispatch-concurrency", type=int, help="sends in flight at once (64)")
     p.add_argument("--outbox-retention", type=float, help="seconds delivered rows are kept")
+    p.add_argument(
+        "--retention", help="delete workflows settled longer ago than this (e.g. 7d; off)"
+    )
+    p.add_argument("--retention-batch", type=int, help="workflows per retention batch (100)")
+    p.add_argument("--retention-interval", type=float, help="seconds between passes (10)")
+    p.add_argument("--archive-dir", help="with --retention: archive deleted workflows here")
     p.add_argument("--node-id", help="this node's name among several (postgres)")
     p.add_argument(
         "--node-timeout", type=float, help="seconds before a silent node counts as dead (5)"
@@ -87,6 +93,10 @@ def settings_from(args: argparse.Namespace, base: Settings | None = None) -> Set
         "keepalive": args.keepalive,
         "send_timeout": args.send_timeout,
         "max_attempts": args.max_attempts,
+        "retention": args.retention,
+        "retention_batch": args.retention_batch,
+        "retention_interval": args.retention_interval,
+        "archive_dir": args.archive_dir,
         "dispatch_concurrency": args.dispatch_concurrency,
         "outbox_retention": args.outbox_retention,
         "node_id": args.node_id,

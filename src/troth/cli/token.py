@@ -19,7 +19,7 @@ import jwt
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 
-from troth.cli.durations import parse_duration
+from troth.durations import parse_duration
 
 PRIVATE = "troth-private.pem"
 PUBLIC = "troth-public.pem"

@@ -30,6 +30,7 @@ from troth.server.delivery import DeliveryLoop
 from troth.server.engine import Engine
 from troth.server.metrics import Metrics
 from troth.server.operator import OperatorApi
+from troth.server.retention import RetentionLoop
 from troth.store.base import StoreUnavailable
 from troth.transport.poll import Connection, Full, Registry
 
@@ -114,6 +115,7 @@ class App:
         on_shutdown: Callable[[], Awaitable[None]] | None = None,
         bounces: BounceTracker | None = None,
         node: str = "",
+        retention: RetentionLoop | None = None,
     ) -> None:
         self.engine = engine
         self.settings = settings
@@ -146,6 +148,7 @@ class App:
             url=settings.url,
             cluster_view=view,
         )
+        self.retention = retention
         self.started = False
         self.closing = asyncio.Event()
 
@@ -181,12 +184,16 @@ class App:
                 self.delivery.start()
             if self.cluster is not None:
                 await self.cluster.start()
+            if self.retention is not None:
+                self.retention.start()
             self.started = True
 
     async def shutdown(self) -> None:
         """Stop delivery first (no new sends), then the engine (commits what is queued)."""
         if self.started:
             self.closing.set()
+            if self.retention is not None:
+                await self.retention.stop()
             if self.cluster is not None:
                 await self.cluster.stop()
             if self.delivery is not None:

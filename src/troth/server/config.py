@@ -14,6 +14,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from troth.durations import parse_duration
 from troth.protocol.limits import Limits
 
 
@@ -58,6 +59,10 @@ class Settings:
     outbox_retention: float = 3600.0  # seconds delivered outbox rows are kept
     node_id: str = ""  # this node's name among several (postgres); default host-pid-random
     node_timeout: float = 5.0  # seconds without a heartbeat before peers count a node dead
+    retention: str = ""  # e.g. 7d: delete workflows settled longer ago; "" or 0: keep all
+    retention_batch: int = 100  # workflows (root promises) one retention batch looks at
+    retention_interval: float = 10.0  # seconds between retention passes
+    archive_dir: str = ""  # with retention: write each deleted workflow here first (gzip)
     auth_publickey: str = ""  # PEM path of the JWT key; "none": unsigned tokens (dev only)
     auth_issuer: str = ""  # required ``iss`` of every token, when set
     auth_audience: str = ""  # required ``aud`` of every token, when set
@@ -99,8 +104,21 @@ class Settings:
             raise ConfigError(f"port must be 1..65535, not {self.port}")
         if (self.auth_issuer or self.auth_audience) and not self.auth_publickey:
             raise ConfigError("auth_issuer and auth_audience need auth_publickey")
+        try:
+            parse_duration(self.retention or "0")
+        except ValueError as exc:
+            raise ConfigError(f"retention: {exc}") from None
+        if self.retention_batch < 1 or self.retention_interval <= 0:
+            raise ConfigError("retention_batch must be >= 1 and retention_interval > 0")
+        if self.archive_dir and not self.retention_ms:
+            raise ConfigError("archive_dir needs retention (it archives what retention deletes)")
         if self.log_level.lower() not in ("debug", "info", "warning", "error", "critical"):
             raise ConfigError(f"unknown log_level {self.log_level!r}")
+
+    @property
+    def retention_ms(self) -> int:
+        """The retention horizon in milliseconds; 0: retention is off."""
+        return parse_duration(self.retention or "0")
 
     @property
     def limits(self) -> Limits:

@@ -23,6 +23,7 @@ from troth.server.config import ConfigError, Settings
 from troth.server.delivery import DeliveryLoop
 from troth.server.engine import Commit, Engine
 from troth.server.metrics import Metrics
+from troth.server.retention import Archive, RetentionLoop
 from troth.server.timeouts import guarded_protocol
 from troth.store.base import Store
 from troth.store.memory import MemoryStore
@@ -93,6 +94,16 @@ def build_app(settings: Settings, store: Store | None = None) -> App:
         metrics.gauge("troth_store_batch_reruns", lambda: float(store.retries))
         metrics.gauge("troth_cluster_notifications_heard", lambda: float(watched.heard))
         metrics.gauge("troth_cluster_claims_reaped", lambda: float(watched.reaped))
+    retention = None
+    if settings.retention_ms:
+        retention = RetentionLoop(
+            engine,
+            settings.retention_ms,
+            batch=settings.retention_batch,
+            interval=settings.retention_interval,
+            metrics=metrics,
+            archive=Archive(settings.archive_dir) if settings.archive_dir else None,
+        )
     return App(
         engine,
         settings,
@@ -102,6 +113,7 @@ def build_app(settings: Settings, store: Store | None = None) -> App:
         cluster=cluster,
         on_shutdown=http.close,
         node=node,
+        retention=retention,
     )
 
 

@@ -34,6 +34,7 @@ from troth.protocol.records import (
 )
 from troth.store.deadlines import earliest_deadline
 from troth.store.inspection import Inspection
+from troth.store.retention import Retention
 from troth.store.writes import Writes
 
 T = TypeVar("T")
@@ -279,6 +280,12 @@ class Store(ABC):
         """Run ``fn`` over one read-only, lock-free snapshot (store/inspection.py):
         for operators, off the writer where the backend allows; blocking, so callers
         on the event loop run it in a thread."""
+
+    @abstractmethod
+    def retain(self, fn: Callable[[Retention], T]) -> T:
+        """Run ``fn`` in one write transaction of its own (store/retention.py): on the
+        writer's connection where there is one writer (callers run it between
+        batches), on a session of its own on PostgreSQL (row locks, skip-locked)."""
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources."""

@@ -27,6 +27,7 @@ from troth.store.base import Backend, Store
 from troth.store.deadlines import promise_deadline, task_deadline
 from troth.store.inspection import TREE_LIMIT, Counts, Inspection
 from troth.store.outbox import OutboxStore, OutboxTable
+from troth.store.retention import Retention, Tree, settled_at
 from troth.store.snapshot import snapshot
 from troth.store.writes import Writes
 
@@ -245,6 +246,12 @@ class MemoryStore(Store):
         with self.lock:
             return fn(MemoryInspection(self.backend))
 
+    def retain(self, fn: Callable[[Retention], T]) -> T:
+        """Under the lock; an archive that raises leaves the dicts as they were (the
+        deletions come after it)."""
+        with self.lock:
+            return fn(MemoryRetention(self.backend))
+
 
 class MemoryOutbox(OutboxStore):
     """The outbox-row lifecycle (``store/outbox.py``) over :class:`MemoryBackend`."""
@@ -393,3 +400,55 @@ class MemoryInspection(Inspection):
             "outbox": by_state(str(r.state) for r in self.b.outbox.values()),
             "schedules": {"all": len(self.b.schedules)},
         }
+
+
+def _is_root(p: Promise) -> bool:
+    origin = p.tags.get(TAG_ORIGIN)
+    return origin is None or origin == p.id
+
+
+class MemoryRetention(Retention):
+    """Retention over the dicts (a scan: the memory store is for tests and dev)."""
+
+    def __init__(self, b: MemoryBackend) -> None:
+        self.b = b
+
+    def candidates(self, cutoff: int, after: tuple[int, str], limit: int) -> list[tuple[int, str]]:
+        found = sorted(
+            (settled_at(p), p.id)
+            for p in self.b.promises.values()
+            if p.state != PENDING and _is_root(p) and settled_at(p) < cutoff
+        )
+        return [c for c in found if c > after][:limit]
+
+    def tree(self, root: str) -> tuple[list[Promise], list[Task]] | None:
+        promises = sorted(
+            (p for p in self.b.promises.values() if p.id == root or p.tags.get(TAG_ORIGIN) == root),
+            key=lambda p: p.id,
+        )
+        tasks = [self.b.tasks[p.id] for p in promises if p.id in self.b.tasks]
+        return promises, tasks
+
+    def delete(self, tree: Tree) -> tuple[int, int, int]:
+        b = self.b
+        task_ids = {t.id for t in tree.tasks}
+        rows = [
+            r.id
+            for r in b.outbox.values()
+            if getattr(r.message, "task_id", None) in task_ids and r.state != RowState.DISPATCHING
+        ]
+        for row_id in rows:
+            row = b.outbox.pop(row_id)
+            if b.pending_by_key.get(row.key) == row_id:
+                del b.pending_by_key[row.key]
+        for id in task_ids:
+            b.tasks.pop(id, None)
+        for p in tree.promises:
+            b.promises.pop(p.id, None)
+            b.undrained.discard(p.id)
+            branch = p.tags.get(TAG_BRANCH)
+            if branch and branch in b.branches:
+                b.branches[branch].discard(p.id)
+                if not b.branches[branch]:
+                    del b.branches[branch]
+        return len(tree.promises), len(task_ids), len(rows)

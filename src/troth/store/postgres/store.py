@@ -33,6 +33,7 @@ from troth.store.postgres.session import (
     Unstorable,
     has_nul,
 )
+from troth.store.retention import Retention, SqlRetention
 
 log = logging.getLogger("troth.store.postgres")
 
@@ -67,6 +68,7 @@ class PostgresStore(Session, Store):
         self.backend = PostgresBackend(self.cur)
         self.outbox = PostgresOutbox(self)
         self._reader: InspectionSession | None = None
+        self._retainer: RetentionSession | None = None
         self._reader_opening = threading.Lock()
 
     # -- transactions --------------------------------------------------------------------
@@ -264,8 +266,23 @@ class PostgresStore(Session, Store):
             reader = self._reader
         return reader.run(lambda cur: fn(SqlInspection(cur, CODEC, "%s")), snapshot=True)
 
+    def retain(self, fn: Callable[[Retention], T]) -> T:
+        """On a session of its own, skip-locked: it never waits for a request's row."""
+        with self._reader_opening:
+            if self._retainer is None:
+                self._retainer = RetentionSession(
+                    self.url, max_attempts=self.max_attempts, lock_timeout=self.lock_timeout
+                )
+            session = self._retainer
+        lock = "FOR UPDATE SKIP LOCKED"
+        return session.run(lambda cur: fn(SqlRetention(cur, CODEC, "%s", lock)))
+
     def close(self) -> None:
         self.outbox.close()
+        with self._reader_opening:
+            if self._retainer is not None:
+                self._retainer.close()
+                self._retainer = None
         with self._reader_opening:
             if self._reader is not None:
                 self._reader.close()
@@ -283,6 +300,12 @@ class InspectionSession(Session):
     long read never waits for the writer's lock nor holds it."""
 
     application_name = "troth-inspect"
+
+
+class RetentionSession(Session):
+    """Retention's deletions (``Store.retain``), on a connection of their own."""
+
+    application_name = "troth-retention"
 
 
 class _Retry(Exception):

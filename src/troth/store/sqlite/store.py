@@ -25,6 +25,7 @@ from troth.store.inspection import Inspection, SqlInspection
 from troth.store.migrate import check_version, migrate
 from troth.store.outbox import OutboxStore, OutboxTable, SqlOutboxTable
 from troth.store.queries import load_queries
+from troth.store.retention import Retention, SqlRetention
 from troth.store.sqlite.migrate import SqliteSchema
 from troth.store.writes import Writes
 
@@ -261,7 +262,10 @@ class SqliteStore(Store):
         try:
             conn.execute("PRAGMA busy_timeout = 5000")
             # Refuse a newer schema before anything (even the journal mode) is changed.
-            check_version(SqliteSchema(conn))
+            if check_version(SqliteSchema(conn)) == 0:
+                # A new file: deleted rows' pages can be given back (retention, reclaim);
+                # only settable before the first table exists.
+                conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
             if self.path not in (":memory:", ""):
                 conn.execute("PRAGMA journal_mode = WAL").fetchone()
             conn.execute(f"PRAGMA synchronous = {mode.upper()}")
@@ -376,6 +380,22 @@ class SqliteStore(Store):
             return fn(SqlInspection(conn.cursor(), _CODEC, "?"))
         finally:
             conn.execute("ROLLBACK")
+
+    def retain(self, fn: Callable[[Retention], T]) -> T:
+        with self.transaction() as conn:
+            return fn(SqlRetention(conn.cursor(), _CODEC, "?"))
+
+    def reclaim(self, pages: int) -> int:
+        """Give up to ``pages`` free pages back to the file system (a file created
+        with ``auto_vacuum = INCREMENTAL``; an older file reuses its free pages for
+        new rows instead, so it stops growing without shrinking); free pages left."""
+        with self.lock:
+            if self.conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 2:
+                # executescript steps the pragma to the end; execute() frees one page
+                # per step.  Outside a transaction, so it commits nothing of others'.
+                self.conn.executescript(f"PRAGMA incremental_vacuum({int(pages)});")
+            free: int = self.conn.execute("PRAGMA freelist_count").fetchone()[0]
+            return free
 
     def close(self) -> None:
         with self._reader_lock:

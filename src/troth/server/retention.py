@@ -1,0 +1,146 @@
+"""The retention loop: settled workflows older than ``retention`` are deleted in the
+background, a small batch at a time (issue 14; the rules are store/retention.py's).
+
+Each batch runs between request batches (on the writer thread, for one writer) or on
+a session of its own (PostgreSQL, where it never waits for a request's rows), then
+the loop yields before the next one; a pass over every candidate root ends in a
+pause of ``retention_interval`` seconds.  With ``archive_dir`` every tree is first
+written as one JSON line to a gzip file of the day; a write that fails stops the
+deletion (the batch rolls back) and the loop tries again after the pause.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import logging
+import os
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Final
+
+from troth.server.engine import Engine
+from troth.server.metrics import Metrics
+from troth.server.waiting import cancel_and_wait
+from troth.store.retention import START, Swept, Tree
+
+log = logging.getLogger("troth.retention")
+
+#: Seconds between two batches of one pass (the loop yields to requests).
+BETWEEN_BATCHES: Final = 0.01
+
+
+class Archive:
+    """Trees as JSON lines in ``{dir}/troth-archive-YYYY-MM-DD.jsonl.gz`` (UTC day of
+    deletion), one gzip member appended per batch and fsynced before the deletion
+    commits: at least once (a batch re-run after a failed commit writes again)."""
+
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+
+    def path(self, now_ms: int) -> Path:
+        day = datetime.fromtimestamp(now_ms / 1000, tz=UTC).strftime("%Y-%m-%d")
+        return self.dir / f"troth-archive-{day}.jsonl.gz"
+
+    def write(self, trees: Sequence[Tree], now_ms: int) -> None:
+        lines = b"".join(
+            json.dumps({"deletedAt": now_ms, **t.as_json()}, separators=(",", ":")).encode() + b"\n"
+            for t in trees
+        )
+        with open(self.path(now_ms), "ab") as f:
+            f.write(gzip.compress(lines))
+            f.flush()
+            os.fsync(f.fileno())
+
+
+class RetentionLoop:
+    """Deletes settled workflows older than ``horizon_ms``, ``batch`` roots at a time."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        horizon_ms: int,
+        *,
+        batch: int,
+        interval: float,
+        metrics: Metrics,
+        archive: Archive | None = None,
+    ) -> None:
+        self.engine = engine
+        self.horizon_ms = horizon_ms
+        self.batch = batch
+        self.interval = interval
+        self.metrics = metrics
+        self.archive = archive
+        self.cursor = START
+        self.behind_ms = 0
+        self.last_run = 0.0
+        self._task: asyncio.Task[None] | None = None
+        metrics.gauge("troth_retention_behind_seconds", lambda: self.behind_ms / 1000)
+        metrics.gauge("troth_retention_last_run_timestamp_seconds", lambda: self.last_run)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="troth-retention")
+
+    async def stop(self) -> None:
+        await cancel_and_wait(self._task)
+        self._task = None
+
+    async def run_once(self) -> Swept:
+        """One batch from the cursor (the loop's unit of work; tests call it)."""
+        now = self.engine.clock()
+        cutoff = now - self.horizon_ms
+        cursor = self.cursor
+        store = self.engine.store
+
+        def archive(trees: Sequence[Tree]) -> None:
+            if self.archive is not None:
+                self.archive.write(trees, now)
+
+        def batch() -> Swept:
+            return store.retain(lambda r: r.sweep(cutoff, cursor, self.batch, archive))
+
+        if store.shared:
+            swept = await asyncio.to_thread(batch)  # its own session, skip-locked
+        else:
+            swept = await self.engine.exclusive(batch)  # between request batches
+        self.cursor = swept.cursor if swept.cursor is not None else START
+        self.behind_ms = swept.behind_ms if swept.trees else 0
+        self.last_run = time.time()
+        m = self.metrics
+        m.inc("troth_retention_trees_deleted_total", swept.trees)
+        for table, n in (("promises", swept.promises), ("tasks", swept.tasks)):
+            m.inc("troth_retention_rows_deleted_total", n, table=table)
+        m.inc("troth_retention_rows_deleted_total", swept.outbox, table="outbox")
+        if swept.trees:
+            log.debug("retention deleted %d workflows (%d promises)", swept.trees, swept.promises)
+        return swept
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                swept = await self.run_once()
+            except Exception:
+                log.exception("retention batch failed; trying again in %.0f s", self.interval)
+                self.cursor = START
+                await asyncio.sleep(self.interval)
+                continue
+            if swept.cursor is None:  # the pass is over
+                await self._reclaim()
+                await asyncio.sleep(self.interval)
+            else:
+                await asyncio.sleep(BETWEEN_BATCHES)
+
+    async def _reclaim(self) -> None:
+        """SQLite: give freed pages back (a file made with incremental auto-vacuum)."""
+        reclaim = getattr(self.engine.store, "reclaim", None)
+        if reclaim is not None:
+            free = await self.engine.exclusive(lambda: reclaim(2000))
+            self.metrics.inc("troth_retention_passes_total")
+            log.debug("retention pass done; %d free pages left", free)
+        else:
+            self.metrics.inc("troth_retention_passes_total")
