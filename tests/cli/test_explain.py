@@ -5,6 +5,7 @@ evidence, and drawn by the CLI."""
 from __future__ import annotations
 
 import http.server
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -149,7 +150,7 @@ def test_a_held_lease_names_its_pid_node_and_deadline(server: RunningServer) -> 
     root = explained(server, "wf")["root"]
     assert root["reason"] == "held"
     assert "task held by pid `p7` (not connected to any node now)" in root["text"]
-    assert "lease expires in 2" in root["text"] and "last heartbeat" in root["text"]
+    assert re.search(r"lease expires in (29|30)s, last heartbeat (now|\d+s ago)", root["text"])
     with stream(server, "workers", "p7"):
         root = explained(server, "wf")["root"]
         node = root["evidence"]["nodes"][0]
