@@ -19,14 +19,14 @@ from troth.protocol.address import HTTP, HTTPS, POLL
 from troth.server.app import App
 from troth.server.auth import Authenticator, announce_auth
 from troth.server.cluster import default_node_id
-from troth.server.config import ConfigError, Settings
+from troth.server.config import ConfigError, Settings, push_token_map
 from troth.server.delivery import DeliveryLoop
 from troth.server.engine import Commit, Engine
 from troth.server.metrics import Metrics
 from troth.server.timeouts import guarded_protocol
 from troth.store.base import Store
 from troth.store.memory import MemoryStore
-from troth.transport.http import HttpSender
+from troth.transport.http import HttpSender, PushTokens
 from troth.transport.poll import PollSender, Registry
 from troth.transport.router import Router
 
@@ -54,7 +54,9 @@ def build_app(settings: Settings, store: Store | None = None) -> App:
     registry = Registry(max_total=settings.max_sse, max_per_group=settings.max_sse_per_group)
     node = settings.node_id or default_node_id()
     metrics.gauge("troth_sse_connections", lambda: float(registry.count()))
-    http = HttpSender(settings.url)
+    http = HttpSender(
+        settings.url, tokens=PushTokens(settings.push_token, push_token_map(settings.push_tokens))
+    )
     poll = PollSender(registry, settings.url)
     config = DispatchConfig(
         worker_id=node,
