@@ -8,6 +8,7 @@ was queued before the store closes.
 from __future__ import annotations
 
 import logging
+import ssl
 import sys
 from typing import Any
 
@@ -127,13 +128,15 @@ def serve(settings: Settings) -> int:
         auth = Authenticator.from_settings(
             settings.auth_publickey, settings.auth_issuer, settings.auth_audience
         )
+        check_tls(settings)
     except ConfigError as exc:
         print(f"troth: {exc}", file=sys.stderr)
         return 2
     announce_auth(settings, auth, log)
     app = build_app(settings)
     log.info(
-        "troth listening on http://%s:%d (store=%s%s, debug=%s)",
+        "troth listening on %s://%s:%d (store=%s%s, debug=%s)",
+        "https" if settings.tls_cert else "http",
         settings.host,
         settings.port,
         settings.store,
@@ -146,9 +149,34 @@ def serve(settings: Settings) -> int:
     return 0
 
 
+def check_tls(settings: Settings) -> None:
+    """Load ``tls_cert``/``tls_key`` once before serving, so that a missing, unreadable
+    or mismatched pair stops the server with one clear line (exit 2) instead of a
+    uvicorn traceback — and never leaves it serving plain HTTP by mistake."""
+    if not settings.tls_cert:
+        return
+    for what, path in (("tls_cert", settings.tls_cert), ("tls_key", settings.tls_key)):
+        try:
+            with open(path, "rb"):
+                pass
+        except OSError as exc:
+            raise ConfigError(f"{what}: cannot read {path}: {exc.strerror}") from None
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(
+            settings.tls_cert, settings.tls_key
+        )
+    except (ssl.SSLError, ValueError) as exc:
+        # The message names the problem (no PEM, key does not match), never key bytes.
+        raise ConfigError(
+            f"tls_cert/tls_key: {settings.tls_cert} and {settings.tls_key} are not a "
+            f"PEM certificate chain and its private key: {exc}"
+        ) from None
+
+
 def uvicorn_config(app: App, settings: Settings, **overrides: Any) -> uvicorn.Config:
     """How troth runs under uvicorn: httptools with header and body read deadlines
-    (``server/timeouts.py``), idle keep-alive connections closed after ``idle_timeout``."""
+    (``server/timeouts.py``), idle keep-alive connections closed after ``idle_timeout``,
+    and HTTPS when ``tls_cert``/``tls_key`` are set (uvicorn's ``ssl_*`` options)."""
     options: dict[str, Any] = {
         "host": settings.host,
         "port": settings.port,
@@ -164,5 +192,8 @@ def uvicorn_config(app: App, settings: Settings, **overrides: Any) -> uvicorn.Co
         "proxy_headers": False,
         "server_header": False,
     }
+    if settings.tls_cert:
+        options["ssl_certfile"] = settings.tls_cert
+        options["ssl_keyfile"] = settings.tls_key
     options.update(overrides)
     return uvicorn.Config(app, **options)
