@@ -67,6 +67,16 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--auth-issuer", help="required iss claim of every token")
     p.add_argument("--auth-audience", help="required aud claim of every token")
+    p.add_argument("--push-token", help="bearer token sent with every HTTP push (execute/unblock)")
+    p.add_argument(
+        "--push-tokens", help="bearer tokens per push destination: host=token,host:port=token"
+    )
+    p.add_argument("--tls-cert", help="PEM certificate chain: serve HTTPS (with --tls-key)")
+    p.add_argument("--tls-key", help="PEM private key of --tls-cert")
+    p.add_argument(
+        "--cors-allow-origins",
+        help="origins browsers may call from: https://a.example,https://b.example or * (off)",
+    )
 
 
 def settings_from(args: argparse.Namespace, base: Settings | None = None) -> Settings:
@@ -104,6 +114,11 @@ def settings_from(args: argparse.Namespace, base: Settings | None = None) -> Set
         "auth_publickey": args.auth_publickey,
         "auth_issuer": args.auth_issuer,
         "auth_audience": args.auth_audience,
+        "push_token": args.push_token,
+        "push_tokens": args.push_tokens,
+        "tls_cert": args.tls_cert,
+        "tls_key": args.tls_key,
+        "cors_allow_origins": args.cors_allow_origins,
     }
     return load(overrides, toml_path=args.config, base=base)
 

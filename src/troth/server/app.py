@@ -25,7 +25,8 @@ from troth.protocol.requests import BadRequest, decode_data
 from troth.server.auth import Authenticator, Denied, Grant, authorize
 from troth.server.bounces import BounceTracker, Refusal
 from troth.server.cluster import Cluster
-from troth.server.config import Settings
+from troth.server.config import Settings, cors_origins
+from troth.server.cors import Cors, served
 from troth.server.delivery import DeliveryLoop
 from troth.server.engine import Engine
 from troth.server.metrics import Metrics
@@ -128,6 +129,10 @@ class App:
         self.auth = Authenticator.from_settings(
             settings.auth_publickey, settings.auth_issuer, settings.auth_audience
         )
+        #: None when CORS is off (the default): the hot path pays one ``is not None``.
+        self.cors = (
+            Cors(cors_origins(settings.cors_allow_origins)) if settings.cors_allow_origins else None
+        )
         self.refusals = Throttled(log)
         self.delivery = delivery
         self.cluster = cluster
@@ -206,6 +211,14 @@ class App:
     async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         path: str = scope["path"]
         method: str = scope["method"]
+        if self.cors is not None and served(path):
+            # Before auth: a preflight carries no token, and a refusal must reach the page.
+            origin = self.cors.allow(scope.get("headers", ()))
+            if method == "OPTIONS":
+                await self.cors.preflight(send, origin)
+                return
+            if origin is not None:
+                send = self.cors.wrap(send, origin)
         if self.auth is not None and path != "/" and (denied := self.gate(scope, path)):
             await refuse(send, denied)
             return

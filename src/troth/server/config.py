@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import tomllib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +66,13 @@ class Settings:
     auth_publickey: str = ""  # PEM path of the JWT key; "none": unsigned tokens (dev only)
     auth_issuer: str = ""  # required ``iss`` of every token, when set
     auth_audience: str = ""  # required ``aud`` of every token, when set
+    # Bearer tokens troth sends with HTTP push (execute/unblock POSTs); never shown
+    # in a repr, so a logged Settings cannot leak them.
+    push_token: str = field(default="", repr=False)  # for every http(s) target
+    push_tokens: str = field(default="", repr=False)  # "host=token,host:port=token"
+    tls_cert: str = ""  # PEM certificate chain: serve HTTPS (with tls_key)
+    tls_key: str = ""  # PEM private key of tls_cert
+    cors_allow_origins: str = ""  # "https://a.example,https://b.example" or "*"; off if empty
 
     def __post_init__(self) -> None:
         if self.store not in ("memory", "sqlite", "postgres"):
@@ -112,6 +119,10 @@ class Settings:
             raise ConfigError("retention_batch must be >= 1 and retention_interval > 0")
         if self.archive_dir and not self.retention_ms:
             raise ConfigError("archive_dir needs retention (it archives what retention deletes)")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ConfigError("tls_cert and tls_key go together: give both or neither")
+        push_token_map(self.push_tokens)  # raises on a malformed list
+        cors_origins(self.cors_allow_origins)
         if self.log_level.lower() not in ("debug", "info", "warning", "error", "critical"):
             raise ConfigError(f"unknown log_level {self.log_level!r}")
 
@@ -126,7 +137,43 @@ class Settings:
 
     @property
     def url(self) -> str:
-        return self.server_url or f"http://{self.host}:{self.port}"
+        scheme = "https" if self.tls_cert else "http"
+        return self.server_url or f"{scheme}://{self.host}:{self.port}"
+
+
+def push_token_map(text: str) -> dict[str, str]:
+    """``push_tokens`` as ``{host or host:port: token}`` (hosts lower-cased).
+
+    The flag and environment form is ``host=token,host:port=token``; a TOML table is
+    turned into that form by :func:`coerce`.  A token may contain ``=`` (base64
+    padding): only the first ``=`` of an entry separates."""
+    tokens: dict[str, str] = {}
+    for entry in text.split(","):
+        if not entry.strip():
+            continue
+        host, sep, token = entry.partition("=")
+        host = host.strip().lower()
+        token = token.strip()
+        if not sep or not host or not token or "/" in host or " " in host:
+            # Never quote the entry: it holds a secret.
+            raise ConfigError(
+                f"push_tokens: entry {len(tokens) + 1} is not host=token "
+                "(e.g. hooks.example.com=TOKEN or hooks.example.com:8443=TOKEN)"
+            )
+        tokens[host] = token
+    return tokens
+
+
+def cors_origins(text: str) -> frozenset[str]:
+    """``cors_allow_origins`` as a set of origins (``scheme://host[:port]``, or ``*``)."""
+    origins = frozenset(o.strip().rstrip("/") for o in text.split(",") if o.strip())
+    for origin in origins:
+        if origin != "*" and ("://" not in origin or origin.count("/") != 2):
+            raise ConfigError(
+                f"cors_allow_origins: {origin!r} is not an origin "
+                "(scheme://host[:port], no path) or *"
+            )
+    return origins
 
 
 NAMES = {f.name for f in fields(Settings)}
@@ -135,6 +182,14 @@ NAMES = {f.name for f in fields(Settings)}
 def coerce(name: str, value: Any) -> Any:
     """Convert a TOML or environment value to the field's type, with a clear error."""
     default = getattr(Settings, name)
+    if name == "push_tokens" and isinstance(value, dict):
+        # TOML: push_tokens = {"hooks.example.com" = "TOKEN"}
+        if any("," in str(k) or "," in str(v) for k, v in value.items()):
+            raise ConfigError("push_tokens: hosts and tokens cannot contain ','")
+        return ",".join(f"{k}={v}" for k, v in value.items())
+    if name == "cors_allow_origins" and isinstance(value, list):
+        # TOML: cors_allow_origins = ["https://ui.example.com"]
+        return ",".join(str(v) for v in value)
     try:
         if isinstance(default, bool):
             if isinstance(value, bool):

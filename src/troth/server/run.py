@@ -8,6 +8,7 @@ was queued before the store closes.
 from __future__ import annotations
 
 import logging
+import ssl
 import sys
 from typing import Any
 
@@ -19,7 +20,7 @@ from troth.protocol.address import HTTP, HTTPS, POLL
 from troth.server.app import App
 from troth.server.auth import Authenticator, announce_auth
 from troth.server.cluster import default_node_id
-from troth.server.config import ConfigError, Settings
+from troth.server.config import ConfigError, Settings, push_token_map
 from troth.server.delivery import DeliveryLoop
 from troth.server.engine import Commit, Engine
 from troth.server.metrics import Metrics
@@ -27,7 +28,7 @@ from troth.server.retention import Archive, RetentionLoop
 from troth.server.timeouts import guarded_protocol
 from troth.store.base import Store
 from troth.store.memory import MemoryStore
-from troth.transport.http import HttpSender
+from troth.transport.http import HttpSender, PushTokens
 from troth.transport.poll import PollSender, Registry
 from troth.transport.router import Router
 
@@ -55,7 +56,9 @@ def build_app(settings: Settings, store: Store | None = None) -> App:
     registry = Registry(max_total=settings.max_sse, max_per_group=settings.max_sse_per_group)
     node = settings.node_id or default_node_id()
     metrics.gauge("troth_sse_connections", lambda: float(registry.count()))
-    http = HttpSender(settings.url)
+    http = HttpSender(
+        settings.url, tokens=PushTokens(settings.push_token, push_token_map(settings.push_tokens))
+    )
     poll = PollSender(registry, settings.url)
     config = DispatchConfig(
         worker_id=node,
@@ -137,13 +140,15 @@ def serve(settings: Settings) -> int:
         auth = Authenticator.from_settings(
             settings.auth_publickey, settings.auth_issuer, settings.auth_audience
         )
+        check_tls(settings)
     except ConfigError as exc:
         print(f"troth: {exc}", file=sys.stderr)
         return 2
     announce_auth(settings, auth, log)
     app = build_app(settings)
     log.info(
-        "troth listening on http://%s:%d (store=%s%s, debug=%s)",
+        "troth listening on %s://%s:%d (store=%s%s, debug=%s)",
+        "https" if settings.tls_cert else "http",
         settings.host,
         settings.port,
         settings.store,
@@ -156,9 +161,34 @@ def serve(settings: Settings) -> int:
     return 0
 
 
+def check_tls(settings: Settings) -> None:
+    """Load ``tls_cert``/``tls_key`` once before serving, so that a missing, unreadable
+    or mismatched pair stops the server with one clear line (exit 2) instead of a
+    uvicorn traceback — and never leaves it serving plain HTTP by mistake."""
+    if not settings.tls_cert:
+        return
+    for what, path in (("tls_cert", settings.tls_cert), ("tls_key", settings.tls_key)):
+        try:
+            with open(path, "rb"):
+                pass
+        except OSError as exc:
+            raise ConfigError(f"{what}: cannot read {path}: {exc.strerror}") from None
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(
+            settings.tls_cert, settings.tls_key
+        )
+    except (ssl.SSLError, ValueError) as exc:
+        # The message names the problem (no PEM, key does not match), never key bytes.
+        raise ConfigError(
+            f"tls_cert/tls_key: {settings.tls_cert} and {settings.tls_key} are not a "
+            f"PEM certificate chain and its private key: {exc}"
+        ) from None
+
+
 def uvicorn_config(app: App, settings: Settings, **overrides: Any) -> uvicorn.Config:
     """How troth runs under uvicorn: httptools with header and body read deadlines
-    (``server/timeouts.py``), idle keep-alive connections closed after ``idle_timeout``."""
+    (``server/timeouts.py``), idle keep-alive connections closed after ``idle_timeout``,
+    and HTTPS when ``tls_cert``/``tls_key`` are set (uvicorn's ``ssl_*`` options)."""
     options: dict[str, Any] = {
         "host": settings.host,
         "port": settings.port,
@@ -174,5 +204,8 @@ def uvicorn_config(app: App, settings: Settings, **overrides: Any) -> uvicorn.Co
         "proxy_headers": False,
         "server_header": False,
     }
+    if settings.tls_cert:
+        options["ssl_certfile"] = settings.tls_cert
+        options["ssl_keyfile"] = settings.tls_key
     options.update(overrides)
     return uvicorn.Config(app, **options)

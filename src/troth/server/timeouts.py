@@ -14,7 +14,7 @@ then closes.  The request path pays two ``loop.time()`` calls and no timer.
 
 Not covered here: a client that reads its *response* slowly (a response is small;
 an SSE stream is paced by transport flow control and the keep-alive comments) and
-the TLS handshake (troth serves plain HTTP; a proxy in front handles TLS).
+the TLS handshake with ``tls_cert`` (the event loop bounds it at 60 s).
 """
 
 from __future__ import annotations

@@ -4,9 +4,20 @@
 remote did not take it); other 4xx are ``Permanent``; a failure after the request
 was sent is ``Unknown``.  The row's idempotency key travels as ``Idempotency-Key``
 so a remote that deduplicates can.
+
+Outbound auth (docs/security.md): a receiving endpoint that runs code on an
+``execute`` must know the POST came from troth, so troth can send a bearer token —
+one for a destination (``push_tokens``, by ``host:port`` then ``host``) or one for
+all (``push_token``).  Tokens are never logged; a token sent in clear text (plain
+``http://`` to a host other than this machine) is warned about once per host.
 """
 
 from __future__ import annotations
+
+import ipaddress
+import logging
+from collections.abc import Mapping
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -14,6 +25,11 @@ from troth.outbox import codes
 from troth.outbox.rows import OutboxRow
 from troth.outbox.types import Completed, Dispatched, Permanent, Retryable, Unknown
 from troth.transport.messages import message_body
+
+log = logging.getLogger("troth.push")
+
+#: Addresses whose token choice is remembered; one entry per distinct address.
+TOKEN_CACHE_SIZE = 4096
 
 
 def classify(status: int) -> Dispatched:
@@ -24,11 +40,73 @@ def classify(status: int) -> Dispatched:
     return Permanent(f"{codes.HTTP_STATUS}{status}")
 
 
+class PushTokens:
+    """Which bearer token (if any) goes to which destination.
+
+    ``per_host`` keys are ``host`` or ``host:port``, lower-case; the most specific
+    match wins, then ``default``.  The choice is made once per address (the
+    outbox sends the same few addresses over and over) and remembered."""
+
+    def __init__(self, default: str = "", per_host: Mapping[str, str] | None = None) -> None:
+        self.default = default
+        self.per_host = {k.lower(): v for k, v in (per_host or {}).items()}
+        self.chosen: dict[str, str | None] = {}
+        self.warned: set[str] = set()
+
+    def __bool__(self) -> bool:
+        return bool(self.default or self.per_host)
+
+    def for_address(self, address: str) -> str | None:
+        token = self.chosen.get(address, "")
+        if token != "":
+            return token
+        token = self.choose(address)
+        if len(self.chosen) >= TOKEN_CACHE_SIZE:
+            self.chosen.clear()
+        self.chosen[address] = token
+        return token
+
+    def choose(self, address: str) -> str | None:
+        try:
+            parts = urlsplit(address)
+            host = (parts.hostname or "").lower()
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+        except ValueError:
+            return None  # the send itself fails on such an address
+        token = self.per_host.get(f"{host}:{port}") or self.per_host.get(host) or self.default
+        if not token:
+            return None
+        if parts.scheme == "http" and not _local(host) and host not in self.warned:
+            self.warned.add(host)
+            log.warning(
+                "a push token goes to %s over plain http: anyone on the path can read it; "
+                "use an https:// address",
+                host,
+            )
+        return token
+
+
+def _local(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 class HttpSender:
     """Pushes rows to HTTP endpoints with one shared connection pool."""
 
-    def __init__(self, server_url: str, *, connect_timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        server_url: str,
+        *,
+        connect_timeout: float = 10.0,
+        tokens: PushTokens | None = None,
+    ) -> None:
         self.server_url = server_url
+        self.tokens = tokens if tokens else None
         # No read timeout here: the dispatcher's send_timeout turns a hang into Unknown.
         self.client = httpx.AsyncClient(
             timeout=httpx.Timeout(None, connect=connect_timeout),
@@ -37,12 +115,11 @@ class HttpSender:
 
     async def send(self, row: OutboxRow) -> Dispatched:
         body = message_body(row.message, self.server_url)
+        headers = {"content-type": "application/json", "idempotency-key": row.key}
+        if self.tokens is not None and (token := self.tokens.for_address(row.address)):
+            headers["authorization"] = f"Bearer {token}"
         try:
-            response = await self.client.post(
-                row.address,
-                content=body,
-                headers={"content-type": "application/json", "idempotency-key": row.key},
-            )
+            response = await self.client.post(row.address, content=body, headers=headers)
         except (httpx.ConnectError, httpx.ConnectTimeout):
             return Retryable(codes.HTTP_REFUSED)
         except httpx.HTTPError:
