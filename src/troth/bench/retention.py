@@ -1,0 +1,168 @@
+"""Does retention keep the store bounded, and what does it cost? (issue 14)
+
+``python -m troth.bench.retention [--seconds 60] [--horizon 10s] [--clients 32]``
+runs the same steady workflow load — each workflow a root and three children, all
+created and settled, eight requests — against two ``troth serve`` processes on
+SQLite (synchronous FULL), one after the other: one with ``--retention`` and one
+without (the control).  Every few seconds it samples the database's size (the main
+file, the WAL, and the pages in use: ``page_count - freelist_count``) and prints the
+series side by side, with the workflows per second each sustained.  A bounded store
+shows a flat line after the first horizon; the control grows with the load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import sqlite3
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgspec
+
+from troth.bench.http import HttpConnection
+from troth.bench.procs import ServerProcess
+from troth.durations import parse_duration
+
+_encode = msgspec.json.encode
+HOUR = 3_600_000
+
+
+@dataclass
+class Run:
+    name: str
+    workflows: int = 0
+    seconds: float = 0.0
+    #: (elapsed s, file MB, WAL MB, MB of pages in use)
+    samples: list[tuple[float, float, float, float]] = field(default_factory=list)
+
+    @property
+    def rate(self) -> float:
+        return self.workflows / self.seconds if self.seconds else 0.0
+
+
+def envelope(kind: str, data: dict[str, object], corr: str) -> bytes:
+    return _encode({"kind": kind, "head": {"corrId": corr, "version": "2026-04-01"}, "data": data})
+
+
+async def client(port: int, prefix: str, stop: float, run: Run) -> None:
+    conn = await HttpConnection.open("127.0.0.1", port)
+    try:
+        for n in itertools.count():
+            if time.monotonic() >= stop:
+                return
+            root = f"{prefix}-{n}"
+            far = time.time_ns() // 1_000_000 + HOUR
+            bodies = [
+                envelope(
+                    "promise.create", {"id": root, "timeoutAt": far, "param": {}, "tags": {}}, root
+                )
+            ]
+            for c in range(3):
+                tags = {"resonate:origin": root, "resonate:parent": root}
+                child = f"{root}.{c}"
+                bodies.append(
+                    envelope(
+                        "promise.create",
+                        {"id": child, "timeoutAt": far, "param": {}, "tags": tags},
+                        child,
+                    )
+                )
+                bodies.append(
+                    envelope(
+                        "promise.settle", {"id": child, "state": "resolved", "value": {}}, child
+                    )
+                )
+            bodies.append(
+                envelope("promise.settle", {"id": root, "state": "resolved", "value": {}}, root)
+            )
+            for body in bodies:
+                status, answer = await conn.post(body)
+                if status != 200:
+                    raise RuntimeError(f"{status}: {answer[:200]!r}")
+            run.workflows += 1
+    finally:
+        conn.close()
+
+
+def sample(db: Path) -> tuple[float, float, float]:
+    wal = db.with_name(db.name + "-wal")
+    mb = 1024 * 1024
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+        page = conn.execute("PRAGMA page_size").fetchone()[0]
+        count = conn.execute("PRAGMA page_count").fetchone()[0]
+        free = conn.execute("PRAGMA freelist_count").fetchone()[0]
+    used = (count - free) * page / mb
+    return db.stat().st_size / mb, (wal.stat().st_size / mb if wal.exists() else 0.0), used
+
+
+async def measure(
+    name: str, work: Path, extra: list[str], seconds: float, clients: int, every: float
+) -> Run:
+    db = work / f"{name}.db"
+    server = ServerProcess.troth(work / name, db, synchronous="full", extra=extra)
+    await server.start()
+    run = Run(name)
+    try:
+        started = time.monotonic()
+        stop = started + seconds
+        load = [
+            asyncio.create_task(client(server.port, f"{name}{k}", stop, run))
+            for k in range(clients)
+        ]
+        while time.monotonic() < stop:
+            await asyncio.sleep(every)
+            run.samples.append((time.monotonic() - started, *sample(db)))
+        await asyncio.gather(*load)
+        run.seconds = time.monotonic() - started
+    finally:
+        server.kill()
+    return run
+
+
+async def main_async(args: argparse.Namespace) -> int:
+    horizon = args.horizon
+    parse_duration(horizon)  # a clear error before anything starts
+    with tempfile.TemporaryDirectory(prefix="troth-retention-") as tmp:
+        work = Path(tmp)
+        common = ["--retention-interval", "1"]
+        runs: list[Run] = []
+        for k in range(args.rounds):  # alternate, so drift of the machine hits both
+            order = [("retention", ["--retention", horizon, *common]), ("control", [])]
+            for name, extra in order if k % 2 == 0 else order[::-1]:
+                runs.append(
+                    await measure(
+                        f"{name}", work / f"r{k}", extra, args.seconds, args.clients, args.every
+                    )
+                )
+    print(f"steady load: {args.clients} clients, workflows of 4 promises (8 requests)")
+    print(f"retention {horizon} vs none; SQLite FULL; MB = database file / WAL / pages in use")
+    with_ = [r for r in runs if r.name == "retention"]
+    without = [r for r in runs if r.name == "control"]
+    print(f"{'t s':>5}  {'with retention':>24}  {'control (none)':>24}")
+    for a, b in zip(with_[0].samples, without[0].samples, strict=False):
+        left = f"{a[1]:7.1f} /{a[2]:6.1f} /{a[3]:7.1f}"
+        right = f"{b[1]:7.1f} /{b[2]:6.1f} /{b[3]:7.1f}"
+        print(f"{a[0]:5.0f}  {left:>24}  {right:>24}")
+    for r in runs:
+        rate = f"{r.rate:,.0f} workflows/s ({r.rate * 8:,.0f} req/s)"
+        print(f"{r.name:10} {r.workflows:,} workflows in {r.seconds:.0f} s, {rate}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m troth.bench.retention")
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--horizon", default="10s")
+    parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--every", type=float, default=5.0, help="seconds between samples")
+    parser.add_argument("--rounds", type=int, default=2, help="alternating runs of each")
+    return asyncio.run(main_async(parser.parse_args(argv)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
