@@ -61,6 +61,11 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--auth-issuer", help="required iss claim of every token")
     p.add_argument("--auth-audience", help="required aud claim of every token")
+    p.add_argument(
+        "--ui",
+        action=argparse.BooleanOptionalAction,
+        help="serve the dashboard at /ui (default on; --no-ui turns it off)",
+    )
 
 
 def settings_from(args: argparse.Namespace, base: Settings | None = None) -> Settings:
@@ -94,6 +99,7 @@ def settings_from(args: argparse.Namespace, base: Settings | None = None) -> Set
         "auth_publickey": args.auth_publickey,
         "auth_issuer": args.auth_issuer,
         "auth_audience": args.auth_audience,
+        "ui": args.ui,
     }
     return load(overrides, toml_path=args.config, base=base)
 

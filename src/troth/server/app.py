@@ -32,6 +32,7 @@ from troth.server.metrics import Metrics
 from troth.server.operator import OperatorApi
 from troth.store.base import StoreUnavailable
 from troth.transport.poll import Connection, Full, Registry
+from troth.ui import Dashboard
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -146,6 +147,7 @@ class App:
             url=settings.url,
             cluster_view=view,
         )
+        self.dashboard = Dashboard() if settings.ui else None  # GET /ui (troth/ui)
         self.started = False
         self.closing = asyncio.Event()
 
@@ -237,6 +239,8 @@ class App:
                 }
             )
             await send({"type": "http.response.body", "body": body})
+        elif self.dashboard is not None and self.dashboard.matches(path):
+            await self.dashboard(path, method, send)
         elif path.startswith(LEGACY_PREFIXES):
             await respond(
                 send,

@@ -61,6 +61,7 @@ class Settings:
     auth_publickey: str = ""  # PEM path of the JWT key; "none": unsigned tokens (dev only)
     auth_issuer: str = ""  # required ``iss`` of every token, when set
     auth_audience: str = ""  # required ``aud`` of every token, when set
+    ui: bool = True  # the dashboard at GET /ui (static files; its data needs admin with auth)
 
     def __post_init__(self) -> None:
         if self.store not in ("memory", "sqlite", "postgres"):
