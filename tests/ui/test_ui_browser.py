@@ -16,7 +16,6 @@ import http.server
 import json
 import os
 import re
-import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -26,20 +25,13 @@ from typing import Any
 import httpx
 import pytest
 
+from helpers.browser import CHROMIUM, require_chromium
 from helpers.sdk_env import Procs
 from helpers.troth_process import LoggedServer
 
-CHROMIUM = os.environ.get("TROTH_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
-playwright_api = pytest.importorskip(
-    "playwright.sync_api", reason="pip install -e '.[test]' brings Playwright (Python)"
-)
+require_chromium()
+playwright_api = pytest.importorskip("playwright.sync_api")
 expect = playwright_api.expect
-if not Path(CHROMIUM).exists():
-    pytest.skip(
-        "no Chromium: `apt-get install -y chromium` (./scripts/test does it when it can), "
-        "or set TROTH_CHROMIUM to a Chromium binary",
-        allow_module_level=True,
-    )
 
 HOUR = 3_600_000
 SCREENSHOTS = os.environ.get("TROTH_UI_SCREENSHOTS")  # a folder: write the docs' PNGs
