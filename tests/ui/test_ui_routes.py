@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import httpx
+import pytest
 
 from troth.server.config import Settings
 from troth.server.run import build_app
@@ -38,3 +39,13 @@ def test_promise_and_tree_need_an_id_and_answer_null_for_nothing() -> None:
     assert get(s, "/ops/promise?id=nope").json()["promise"] is None
     tree = get(s, "/ops/tree?id=nope").json()
     assert tree["promises"] == [] and tree["tasks"] == {} and tree["cut"] is False
+
+
+def test_the_dashboard_bench_runs_tiny(capsys: pytest.CaptureFixture[str]) -> None:
+    """``python -m troth.bench.ui`` (docs/benchmarks.md) on 300 promises: every view's
+    requests answer 200 (it asserts so) and the table is printed."""
+    from troth.bench.ui import main
+
+    assert main(["300", "--repeat", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "/ops/tree?id=wf&limit=1000" in out and "per view" in out
