@@ -77,6 +77,11 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
         "--cors-allow-origins",
         help="origins browsers may call from: https://a.example,https://b.example or * (off)",
     )
+    p.add_argument(
+        "--ui",
+        action=argparse.BooleanOptionalAction,
+        help="serve the dashboard at /ui (default on; --no-ui turns it off)",
+    )
 
 
 def settings_from(args: argparse.Namespace, base: Settings | None = None) -> Settings:
@@ -119,6 +124,7 @@ def settings_from(args: argparse.Namespace, base: Settings | None = None) -> Set
         "tls_cert": args.tls_cert,
         "tls_key": args.tls_key,
         "cors_allow_origins": args.cors_allow_origins,
+        "ui": args.ui,
     }
     return load(overrides, toml_path=args.config, base=base)
 

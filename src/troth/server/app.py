@@ -34,6 +34,7 @@ from troth.server.operator import OperatorApi
 from troth.server.retention import RetentionLoop
 from troth.store.base import StoreUnavailable
 from troth.transport.poll import Connection, Full, Registry
+from troth.ui import Dashboard
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -154,6 +155,7 @@ class App:
             cluster_view=view,
         )
         self.retention = retention
+        self.dashboard = Dashboard() if settings.ui else None  # GET /ui (troth/ui)
         self.started = False
         self.closing = asyncio.Event()
 
@@ -257,6 +259,8 @@ class App:
                 }
             )
             await send({"type": "http.response.body", "body": body})
+        elif self.dashboard is not None and self.dashboard.matches(path):
+            await self.dashboard(path, method, send)
         elif path.startswith(LEGACY_PREFIXES):
             await respond(
                 send,

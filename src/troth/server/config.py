@@ -73,6 +73,7 @@ class Settings:
     tls_cert: str = ""  # PEM certificate chain: serve HTTPS (with tls_key)
     tls_key: str = ""  # PEM private key of tls_cert
     cors_allow_origins: str = ""  # "https://a.example,https://b.example" or "*"; off if empty
+    ui: bool = True  # the dashboard at GET /ui (static files; its data needs admin with auth)
 
     def __post_init__(self) -> None:
         if self.store not in ("memory", "sqlite", "postgres"):

@@ -8,6 +8,8 @@
 ``/ops/workers``         connected workers by group and node, groups' last seen, nodes
 ``/ops/counts``          rows by state: promises, tasks, outbox; schedules
 ``/ops/bounces``         tasks bouncing now (server/bounces.py)
+``/ops/promise?id=ID``   one promise with its callbacks and listeners, and its task
+``/ops/tree?id=ID``      a workflow's promises (by ``resonate:origin``) with their tasks
 =======================  ===============================================================
 
 Reads go through ``Store.inspect`` in a worker thread (no row locks; on SQLite a
@@ -83,6 +85,8 @@ class OperatorApi:
             "/ops/workers": self.workers,
             "/ops/counts": self.counts,
             "/ops/bounces": self.bouncing,
+            "/ops/promise": self.promise,
+            "/ops/tree": self.tree,
         }
 
     async def answer(self, path: str, query: bytes) -> Answer:
@@ -214,6 +218,54 @@ class OperatorApi:
                 }
             )
         return {"node": self.node, "tasks": out}
+
+    async def promise(self, params: dict[str, str]) -> Any:
+        """Every stored field of a promise and its task, which the protocol's
+        ``promise.get`` and ``task.get`` leave out: who waits on the promise
+        (callbacks, listeners), the lease's deadline, the next retry, the resumes."""
+        id = params.get("id")
+        if not id:
+            raise Refused(400, "promise needs ?id=<promise id>")
+
+        def read(ins: Any) -> tuple[Any, Any]:
+            return ins.promise(id), ins.task(id)
+
+        p, t = await asyncio.to_thread(self.store.inspect, read)
+        return {
+            "promise": msgspec.to_builtins(p) if p is not None else None,
+            "task": msgspec.to_builtins(t) if t is not None else None,
+            "now": self.clock(),
+        }
+
+    async def tree(self, params: dict[str, str]) -> Any:
+        """A workflow's call graph in one snapshot: its promises (index read by
+        ``resonate:origin``, at most ``limit``) and the task of each that has one —
+        one inspection instead of a ``task.get`` per node from the browser."""
+        id = params.get("id")
+        if not id:
+            raise Refused(400, "tree needs ?id=<root promise id>")
+        limit = _int(params, "limit", 1000, 1, 5000)
+
+        def read(ins: Any) -> tuple[list[Any], dict[str, Any]]:
+            root = ins.promise(id)
+            found = [p for p in ins.tree(id, limit + 1) if p.id != id]
+            promises = ([root] if root is not None else []) + found
+            tasks = {}
+            for p in promises[: limit + 1]:
+                t = ins.task(p.id)
+                if t is not None:
+                    tasks[p.id] = msgspec.to_builtins(t)
+            return promises, tasks
+
+        promises, tasks = await asyncio.to_thread(self.store.inspect, read)
+        cut = len(promises) > limit + 1
+        return {
+            "id": id,
+            "now": self.clock(),
+            "promises": [msgspec.to_builtins(p.record()) for p in promises[: limit + 1]],
+            "tasks": tasks,
+            "cut": cut,
+        }
 
 
 def _int(params: dict[str, str], name: str, default: int | None, low: int, high: int) -> Any:

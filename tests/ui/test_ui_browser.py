@@ -1,0 +1,400 @@
+"""The dashboard in a real browser: headless Chromium (the system's, never a download)
+driven by Playwright against a real ``troth serve`` child process on SQLite.
+
+The state is made on the wire (``POST /`` as the SDKs send it) rather than by SDK
+workers, to keep the module to seconds: a finished workflow (task created, a local
+step, fulfilled), one suspended on an RPC to a group no worker serves, one whose
+push target answers 404 (failed for good), one in a durable sleep, a pending promise
+for the action test, and a schedule.  Every view is loaded by its URL; each must show
+its ids and states with no console error or failed request.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.server
+import json
+import os
+import re
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from helpers.browser import CHROMIUM, require_chromium
+from helpers.sdk_env import Procs
+from helpers.troth_process import LoggedServer
+
+require_chromium()
+playwright_api = pytest.importorskip("playwright.sync_api")
+expect = playwright_api.expect
+
+HOUR = 3_600_000
+SCREENSHOTS = os.environ.get("TROTH_UI_SCREENSHOTS")  # a folder: write the docs' PNGs
+
+
+def b64(value: Any) -> str:
+    return base64.b64encode(json.dumps(value).encode()).decode()
+
+
+def act(kind: str, data: dict[str, Any]) -> dict[str, Any]:
+    return {"kind": kind, "head": {}, "data": data}
+
+
+class _Refusing(http.server.BaseHTTPRequestHandler):
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        self.send_response(404)
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+class World:
+    """The server, and the ids of what was made on it."""
+
+    def __init__(self, server: LoggedServer, hook: str) -> None:
+        self.server = server
+        self.hook = hook
+
+    def ok(self, kind: str, data: Any) -> Any:
+        status, body = self.server.call(kind, data)
+        assert status == 200, (kind, data, status, body)
+        return body
+
+    def workflow(self, root: str, func: str, group: str) -> int:
+        """A root promise with a task, acquired: returns the task's version."""
+        now = int(time.time() * 1000)
+        tags = {"resonate:origin": root, "resonate:target": f"poll://any@{group}"}
+        inner = {"id": root, "timeoutAt": now + HOUR, "param": {"data": b64({"func": func})}}
+        body = self.ok(
+            "task.create",
+            {"pid": "w1", "ttl": 600_000, "action": act("promise.create", {**inner, "tags": tags})},
+        )
+        return int(body["task"]["version"])
+
+    def child(self, root: str, id: str, **tags: str) -> None:
+        now = int(time.time() * 1000)
+        lineage = {"resonate:origin": root, "resonate:parent": root, **tags}
+        param = {"data": b64({"func": id.split(".")[-1]})}
+        self.ok(
+            "promise.create", {"id": id, "timeoutAt": now + HOUR, "param": param, "tags": lineage}
+        )
+
+    def suspend(self, root: str, version: int, awaited: str) -> None:
+        cb = act("promise.register_callback", {"awaited": awaited, "awaiter": root})
+        self.ok("task.suspend", {"id": root, "version": version, "actions": [cb]})
+
+    def build(self) -> None:
+        now = int(time.time() * 1000)
+        # Finished: a workflow with one local step, fulfilled.
+        v = self.workflow("wf-done", "greet", "done-workers")
+        self.child("wf-done", "wf-done.step", **{"resonate:scope": "local"})
+        self.ok(
+            "promise.settle", {"id": "wf-done.step", "state": "resolved", "value": {"data": b64(1)}}
+        )
+        settle = {
+            "id": "wf-done",
+            "state": "resolved",
+            "value": {"data": b64({"greeting": "hello"})},
+        }
+        self.ok(
+            "task.fulfill", {"id": "wf-done", "version": v, "action": act("promise.settle", settle)}
+        )
+        # Stuck: an RPC to a group with no worker.
+        v = self.workflow("wf-stuck", "order", "order-workers")
+        self.child("wf-stuck", "wf-stuck.charge", **{"resonate:target": "poll://any@payments"})
+        self.suspend("wf-stuck", v, "wf-stuck.charge")
+        # Sleeping: a durable sleep an hour long.
+        v = self.workflow("wf-sleep", "remind", "order-workers")
+        self.child("wf-sleep", "wf-sleep.nap", **{"resonate:timer": "true"})
+        self.suspend("wf-sleep", v, "wf-sleep.nap")
+        # Failed delivery: an HTTP target that answers 404.
+        tags = {"resonate:origin": "wf-fail", "resonate:target": self.hook}
+        self.ok("promise.create", {"id": "wf-fail", "timeoutAt": now + HOUR, "tags": tags})
+        # For the actions: a human's answer, and a schedule.
+        self.ok("promise.create", {"id": "approval-7", "timeoutAt": now + HOUR, "tags": {}})
+        self.ok("promise.create", {"id": "approval-8", "timeoutAt": now + HOUR, "tags": {}})
+        self.ok(
+            "schedule.create",
+            {
+                "id": "nightly",
+                "cron": "0 3 * * *",
+                "promiseId": "report.{{.timestamp}}",
+                "promiseTimeout": HOUR,
+            },
+        )
+        self.ok(
+            "schedule.create",
+            {
+                "id": "hourly",
+                "cron": "0 * * * *",
+                "promiseId": "tick.{{.timestamp}}",
+                "promiseTimeout": HOUR,
+            },
+        )
+        deadline = time.monotonic() + 15
+        while True:  # the 404 comes back from the delivery loop
+            rows = httpx.get(self.server.url + "/ops/outbox?state=failed", timeout=10).json()[
+                "rows"
+            ]
+            if rows or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert [r["taskId"] for r in rows] == ["wf-fail"], rows
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    tmp = tmp_path_factory.mktemp("ui")
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Refusing)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    procs = Procs(tmp)
+    try:
+        server = LoggedServer(procs, "sqlite", tmp / "troth.db", None, ["--log-level", "warning"])
+        server.start()
+        w = World(server, f"http://127.0.0.1:{httpd.server_address[1]}/hook")
+        w.build()
+        yield w
+    finally:
+        procs.close()
+        httpd.shutdown()
+        thread.join(5)
+
+
+@pytest.fixture(scope="module")
+def browser(world: World) -> Iterator[Any]:
+    with playwright_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, headless=True)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+class Page:
+    """A page that fails the test on any console error, page error or failed request."""
+
+    def __init__(self, browser: Any, world: World, width: int = 1280) -> None:
+        base = world.server.url
+        self.world = world
+        self.context = browser.new_context(viewport={"width": width, "height": 900})
+        self.page = self.context.new_page()
+        self.base = base
+        self.errors: list[str] = []
+        self.page.on("console", lambda m: m.type == "error" and self.errors.append(m.text))
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.page.on("requestfailed", lambda r: self.errors.append(f"failed {r.url}"))
+        self.page.on(
+            "response",
+            lambda r: r.status >= 400 and self.errors.append(f"{r.status} {r.url}"),
+        )
+
+    def open(self, route: str, view: str) -> Any:
+        self.page.goto(f"{self.base}/ui/#{route}")
+        self.page.wait_for_selector(f"main[data-ready={view}]", timeout=10_000)
+        self.page.wait_for_load_state("networkidle")
+        return self.page
+
+    def check(self) -> None:
+        assert self.errors == [], self.errors
+
+    def shot(self, name: str) -> None:
+        if SCREENSHOTS:
+            Path(SCREENSHOTS).mkdir(parents=True, exist_ok=True)
+            self.page.screenshot(path=str(Path(SCREENSHOTS) / f"{name}.png"), full_page=False)
+
+    def close(self) -> None:
+        self.context.close()
+
+
+@pytest.fixture
+def page(browser: Any, world: World) -> Iterator[Page]:
+    p = Page(browser, world)
+    try:
+        yield p
+        p.check()
+    finally:
+        p.close()
+
+
+def test_ui_is_served_with_a_strict_policy_and_the_hot_path_is_untouched(world: World) -> None:
+    r = httpx.get(world.server.url + "/ui/", timeout=5)
+    assert r.status_code == 200 and "text/html" in r.headers["content-type"]
+    assert "script-src 'self'" in r.headers["content-security-policy"]
+    assert (
+        "<script" in r.text
+        and "cdn" not in r.text.lower()
+        and "http" not in r.text.split("<body>")[0]
+    )
+    assert httpx.get(world.server.url + "/ui", timeout=5).status_code == 308
+    assert httpx.get(world.server.url + "/ui/nope.js", timeout=5).status_code == 404
+    assert httpx.post(world.server.url + "/ui/", timeout=5).status_code == 405
+    assert world.server.call("promise.get", {"id": "wf-done"})[0] == 200
+
+
+def test_overview_shows_counts_workers_failed_deliveries_and_live_charts(page: Page) -> None:
+    pg = page.open("/", "overview")
+    pg.wait_for_selector("text=Promises")
+    body = pg.inner_text("main")
+    assert "Tasks" in body and "Outbox" in body
+    pg.wait_for_selector("#charts svg")
+    for _ in range(4):  # traffic between the page's samples of /metrics
+        for _ in range(25):
+            page.world.server.call("promise.get", {"id": "wf-done"})
+        time.sleep(1.2)
+    expect(pg.locator("#charts .legend").first).to_contain_text("promise.", timeout=10_000)
+    assert "Requests/s by kind" in pg.inner_text("#charts")
+    label = pg.locator("#charts svg").first.get_attribute("aria-label") or ""
+    rate = re.search(r"promise\.get ([0-9.]+) /s", label)
+    assert rate and float(rate[1]) > 1, label  # ~20 requests/s were sent
+    failed = pg.inner_text("main")
+    assert "wf-fail" in failed and "troth.http.status_404" in failed
+    assert "No worker group seen yet" in failed  # nobody ever connected on this node
+    assert "Nodes" in failed and page.base in failed  # this node, by its URL
+    page.shot("overview")
+
+
+def test_workflow_search_by_prefix_state_and_tags(page: Page) -> None:
+    pg = page.open("/workflows?prefix=wf-&state=pending", "workflows")
+    pg.wait_for_selector("table")
+    text = pg.inner_text("main table")
+    for id in ("wf-stuck", "wf-sleep", "wf-fail", "wf-stuck.charge"):
+        assert id in text
+    assert "wf-done" not in text
+    pg = page.open("/workflows?tags=resonate%3Aorigin%3Dwf-done", "workflows")
+    pg.wait_for_selector("table")
+    text = pg.inner_text("main table")
+    assert "wf-done.step" in text and "resolved" in text and "wf-stuck" not in text
+    # The form drives the URL: a search is shareable.
+    pg.fill("input[name=tags]", "")
+    pg.fill("input[name=prefix]", "approval-")
+    pg.press("input[name=prefix]", "Enter")
+    pg.wait_for_url("**prefix=approval-**")
+    pg.wait_for_selector("text=approval-8")
+    page.shot("workflows")
+
+
+def test_stuck_workflow_explains_the_missing_worker_group_with_links(page: Page) -> None:
+    pg = page.open("/workflow/wf-stuck", "workflow")
+    pg.wait_for_selector(".blockers li")
+    blockers = pg.inner_text(".blockers")
+    assert "wf-stuck.charge" in blockers and "no_worker" in blockers and "payments" in blockers
+    group = pg.locator("a[href='#/workers?group=payments']").first
+    assert group.count() == 1
+    tree = pg.inner_text(".call-graph")
+    assert "wf-stuck" in tree and "wf-stuck.charge" in tree and "suspended" in tree
+    assert "order" in tree and "charge" in tree  # the functions, decoded from the params
+    page.shot("workflow-stuck")
+    group.click()
+    pg.wait_for_selector("main[data-ready=workers]")
+    assert "No worker of group payments has been seen" in pg.inner_text("main")
+
+
+def test_sleeping_failed_and_finished_workflows(page: Page) -> None:
+    pg = page.open("/workflow/wf-sleep", "workflow")
+    pg.wait_for_selector(".blockers li")
+    assert "sleeping" in pg.inner_text(".blockers")
+    pg = page.open("/workflow/wf-fail", "workflow")
+    pg.wait_for_selector(".blockers li")
+    text = pg.inner_text(".blockers")
+    assert "delivery_failed" in text and "404" in text
+    pg = page.open("/workflow/wf-done", "workflow")
+    pg.wait_for_selector("text=Done:")
+    assert "wf-done.step" in pg.inner_text(".call-graph")
+    assert "resolved" in pg.inner_text("main")
+
+
+def test_promise_and_task_detail_decode_values_and_show_delivery_history(page: Page) -> None:
+    pg = page.open("/promise/wf-done", "promise")
+    pg.wait_for_selector("#task table, #task p.muted")
+    value = pg.inner_text(".value")
+    assert '"greeting": "hello"' in value
+    assert '"func": "greet"' in pg.inner_text(".param")
+    task = pg.inner_text("#task")
+    assert "fulfilled" in task or "completed" in task
+    pg = page.open("/promise/wf-stuck.charge", "promise")
+    text = pg.inner_text("main")
+    assert "wf-stuck" in text.split("Who waits for it")[1]  # its callback: the awaiter
+    pg = page.open("/task/wf-fail", "task")
+    pg.wait_for_selector("#task table")
+    history = pg.inner_text("#task")
+    assert "troth.http.status_404" in history and "failed" in history
+    page.shot("promise")
+
+
+def test_delivery_workers_and_schedules(page: Page) -> None:
+    pg = page.open("/delivery?state=failed", "delivery")
+    assert "wf-fail" in pg.inner_text("main table")
+    page.shot("delivery")
+    pg = page.open("/workers", "workers")
+    text = pg.inner_text("main")
+    assert "No worker group seen yet" in text and "Nodes" in text and "yes" in text
+    pg = page.open("/schedules", "schedules")
+    text = pg.inner_text("main table")
+    assert "nightly" in text and "0 3 * * *" in text and "report.{{.timestamp}}" in text
+    page.shot("schedules")
+
+
+def test_resolving_a_pending_promise_goes_through_the_protocol(page: Page, world: World) -> None:
+    pg = page.open("/promise/approval-7", "promise")
+    pg.click("button[data-action=resolved]")
+    pg.wait_for_selector("dialog[open]")
+    pg.fill("#confirm-value", '{"approved": true}')
+    pg.click("#confirm-ok")
+    pg.wait_for_selector("text=Resolved: now resolved")
+    pg.wait_for_selector("main[data-ready=promise] .value pre")
+    assert '"approved": true' in pg.inner_text(".value")
+    promise = world.ok("promise.get", {"id": "approval-7"})["promise"]
+    assert promise["state"] == "resolved"
+    assert json.loads(base64.b64decode(promise["value"]["data"])) == {"approved": True}
+
+
+def test_cancelling_the_dialog_changes_nothing_and_cancel_settles(page: Page, world: World) -> None:
+    pg = page.open("/promise/approval-8", "promise")
+    pg.click("button[data-action=rejected_canceled]")
+    pg.wait_for_selector("dialog[open]")
+    pg.keyboard.press("Escape")  # the dialog closes without acting
+    pg.wait_for_selector("dialog:not([open])", state="attached")
+    assert world.ok("promise.get", {"id": "approval-8"})["promise"]["state"] == "pending"
+    pg.click("button[data-action=rejected_canceled]")
+    pg.click("#confirm-ok")
+    pg.wait_for_selector("text=now rejected_canceled")
+    assert world.ok("promise.get", {"id": "approval-8"})["promise"]["state"] == "rejected_canceled"
+
+
+def test_deleting_a_schedule(page: Page, world: World) -> None:
+    pg = page.open("/schedules", "schedules")
+    pg.click("tr:has-text('hourly') button[data-action=delete]")
+    pg.click("#confirm-ok")
+    pg.wait_for_selector("text=Deleted hourly")
+    search = world.ok("schedule.search", {})
+    assert [s["id"] for s in search["schedules"]] == ["nightly"]
+
+
+def test_narrow_screen_and_keyboard(browser: Any, world: World) -> None:
+    p = Page(browser, world, width=375)
+    try:
+        pg = p.open("/workflow/wf-stuck", "workflow")
+        pg.wait_for_selector(".blockers li")
+        width = pg.evaluate("document.documentElement.scrollWidth")
+        assert width <= 375, width  # nothing forces sideways scrolling of the page
+        pg.keyboard.press("Tab")  # the skip link first, then the header's links
+        assert pg.evaluate("document.activeElement.textContent") == "Skip to content"
+        pg.keyboard.press("Tab")
+        pg.keyboard.press("Tab")
+        pg.keyboard.press("Tab")
+        assert pg.evaluate("document.activeElement.getAttribute('href')") == "#/workflows"
+        pg.keyboard.press("Enter")
+        pg.wait_for_selector("main[data-ready=workflows]")
+        p.shot("narrow-workflow")
+        p.check()
+    finally:
+        p.close()
