@@ -226,3 +226,22 @@ def seed_trees(store: SqliteStore, trees: int, children: int) -> None:
         jobs.append(Job(job, now))
     for k in range(0, len(jobs), 200):
         assert all(o.error is None for o in store.execute(jobs[k : k + 200]))
+
+
+def test_the_timer_reports_its_passes_and_lag(tmp_path: Path) -> None:
+    """Beside retention's metrics, the timer's (the dashboard charts both)."""
+    settings = Settings(store="sqlite", db=str(tmp_path / "t.db"), access_log=False)
+    with running_server(settings) as server:
+        soon = now_ms() + 200  # external: the timer settles it at its timeout
+        tags = {"resonate:external": "true"}
+        server.ok("promise.create", {"id": "t", "timeoutAt": soon, "param": {}, "tags": tags})
+
+        def metric(name: str) -> float | None:
+            found = re.search(rf"^{name} (\S+)", server.client.get("/metrics").text, re.M)
+            return None if found is None else float(found[1])
+
+        wait_for("a timer pass", lambda: (metric("troth_timer_passes_total") or 0) >= 1)
+        passes = metric("troth_timer_passes_total")
+        lag = metric("troth_timer_lag_seconds")
+        assert passes is not None and passes >= 1
+        assert lag is not None and 0 <= lag < 5

@@ -70,6 +70,8 @@ class EngineStats:
     ticks: int = 0
     fired: int = 0
     largest_batch: int = 0
+    #: How late (ms) the last timer pass that fired ran after its earliest deadline.
+    lag_ms: int = 0
     extra: dict[str, int] = field(default_factory=dict)
 
 
@@ -285,6 +287,7 @@ class Engine:
                 deadline = await self.exclusive(self._next_deadline)
                 now = self.clock()
                 if deadline is not None and deadline <= now:
+                    self.stats.lag_ms = now - deadline
                     passed = await self.outcome(functools.partial(self._tick, now=now), now)
                     if passed.error is not None:
                         raise passed.error

@@ -54,6 +54,18 @@ HELP = {
         "Tasks bouncing without progress whose execute is being held back (this node).",
     ),
     "troth_timer_passes_total": ("counter", "Timer passes that fired due internal steps."),
+    "troth_timer_lag_seconds": (
+        "gauge",
+        "How late the last firing timer pass ran after the earliest deadline it fired.",
+    ),
+    "troth_retention_trees_deleted_total": ("counter", "Workflows deleted by retention."),
+    "troth_retention_rows_deleted_total": ("counter", "Rows deleted by retention, by table."),
+    "troth_retention_passes_total": ("counter", "Retention passes over every candidate root."),
+    "troth_retention_behind_seconds": (
+        "gauge",
+        "How long past the horizon the oldest workflow of the last batch had waited.",
+    ),
+    "troth_retention_last_run_timestamp_seconds": ("gauge", "When retention last ran a batch."),
     "troth_store_batch_reruns": (
         "gauge",
         "Batches re-run after a conflict with another writer (PostgreSQL), since start.",

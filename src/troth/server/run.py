@@ -56,6 +56,8 @@ def build_app(settings: Settings, store: Store | None = None) -> App:
     registry = Registry(max_total=settings.max_sse, max_per_group=settings.max_sse_per_group)
     node = settings.node_id or default_node_id()
     metrics.gauge("troth_sse_connections", lambda: float(registry.count()))
+    metrics.gauge("troth_timer_passes_total", lambda: float(engine.stats.ticks))
+    metrics.gauge("troth_timer_lag_seconds", lambda: engine.stats.lag_ms / 1000)
     http = HttpSender(
         settings.url, tokens=PushTokens(settings.push_token, push_token_map(settings.push_tokens))
     )

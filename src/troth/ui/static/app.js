@@ -251,6 +251,7 @@ async function sampleMetrics() {
     batches: sumBy(m, "troth_commit_batches_total")[""] ?? 0,
     jobs: sumBy(m, "troth_commit_jobs_total")[""] ?? 0,
     timers: sumBy(m, "troth_timer_passes_total")[""] ?? 0,
+    lag: sumBy(m, "troth_timer_lag_seconds")[""] ?? 0,
   });
   if (samples.length > KEEP) samples.shift();
 }
@@ -317,6 +318,7 @@ function charts() {
     chart("Open SSE connections", series((a, b) => ({ connections: b.sse })), ""),
     chart("Commit batch size", series((a, b) => ({ "jobs/batch": b.batches > a.batches ? (b.jobs - a.jobs) / (b.batches - a.batches) : 0 })), "jobs"),
     chart("Timer passes", series((a, b, s) => ({ passes: Math.max(0, (b.timers - a.timers) / s) })), "/s"),
+    chart("Timer lag (last firing pass)", series((a, b) => ({ lag: b.lag * 1000 })), "ms"),
   ];
 }
 
