@@ -34,6 +34,9 @@ from troth.store.base import Job, Outcome, Overlay, Store, StoreUnavailable
 log = logging.getLogger("troth.engine")
 T = TypeVar("T")
 
+#: Requests that only read one promise, task or schedule (the machine writes nothing
+#: for them: projection is computed, not stored).
+POINT_READS = (rq.PromiseGet, rq.TaskGet, rq.ScheduleGet)
 #: Most jobs one transaction takes.
 MAX_BATCH = 256
 #: Milliseconds before a timer on a shared store looks again at a due deadline that
@@ -150,6 +153,13 @@ class Engine:
         return await fut
 
     async def request(self, req: rq.Req, now: int, head: dict[str, Any]) -> Response:
+        if isinstance(req, POINT_READS) and self.store.inline_reads:
+            # A point read touches nothing: served at once from the store's reader
+            # (docs/architecture.md, "Reads"), not queued behind the writer's batches.
+            try:
+                return self.store.read_inline(lambda tx: handle(tx, req, now, self.config, head))
+            except StoreUnavailable:
+                pass  # the reader would have to wait: the writer answers instead
         return await self.run(
             lambda tx: handle(tx, req, now, self.config, head), now, lock_keys(req)
         )

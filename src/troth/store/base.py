@@ -275,6 +275,15 @@ class Store(ABC):
     def ping(self) -> None:
         """Raise :class:`StoreUnavailable` when the store cannot answer (``/ready``)."""
 
+    #: Whether :meth:`read_inline` serves point reads (a SQLite file: a WAL reader).
+    inline_reads: bool = False
+
+    def read_inline(self, fn: Callable[[Overlay], T]) -> T:
+        """Run a read-only job at once on the calling thread, on a reader connection
+        of its own, in one read transaction; raise :class:`StoreUnavailable` if the
+        reader cannot read right now (the caller then goes through the writer)."""
+        raise NotImplementedError
+
     @abstractmethod
     def inspect(self, fn: Callable[[Inspection], T]) -> T:
         """Run ``fn`` over one read-only, lock-free snapshot (store/inspection.py):
