@@ -4,15 +4,14 @@ evidence, and drawn by the CLI."""
 
 from __future__ import annotations
 
-import http.server
 import re
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from helpers.hook import hook_server
 from helpers.sse import stream
 from helpers.support import RunningServer
 from helpers.wire import rc
@@ -201,27 +200,11 @@ def test_a_schedule_and_an_unknown_id(server: RunningServer) -> None:
     assert missing["root"]["reason"] == "not_found" and missing["done"] is False
 
 
-class _Refusing(http.server.BaseHTTPRequestHandler):
-    def do_POST(self) -> None:
-        self.rfile.read(int(self.headers.get("content-length", 0)))
-        self.send_response(404)
-        self.send_header("content-length", "0")
-        self.end_headers()
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
 @pytest.fixture
 def refusing_url() -> Iterator[str]:
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Refusing)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}/hook"
-    finally:
-        httpd.shutdown()
-        thread.join(5)
+    with hook_server() as hook:
+        hook.status[0] = 404
+        yield f"http://127.0.0.1:{hook.port}/hook"
 
 
 def test_a_push_target_that_answers_404_failed_for_good(

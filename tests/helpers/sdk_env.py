@@ -41,6 +41,23 @@ SDK_PROGRAMS = REPO / "tests" / "sdk"
 SHARED_EXAMPLES = REPO.parent / "shared" / "sdk-examples"
 
 
+#: What shared/sdk-examples' client programs print, line by line (their last line,
+#: the elapsed time, varies).
+EXAMPLE_PY = [
+    "workflow   -> hello world!",
+    "fanout     -> [0, 1, 4, 9, 16, 25, 36, 49, 64, 81]",
+    "rpc_fanout -> 285",
+    "rpc        -> 49",
+    "workflow (same id again) -> hello world!",
+]
+EXAMPLE_TS = [
+    "workflow   -> hello world!",
+    "fanout     -> [0,1,4,9,16,25,36,49,64,81]",
+    "rpc_fanout -> 285",
+    "rpc        -> 49",
+]
+
+
 def program_path(name: str) -> Path:
     """Where program ``name`` lives: troth's own drivers first, then shared/."""
     own = SDK_PROGRAMS / name

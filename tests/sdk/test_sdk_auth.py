@@ -35,7 +35,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from helpers.sdk_env import SDK_PROGRAMS, NodeSdk, Proc, Procs, PythonSdk
+from helpers.sdk_env import EXAMPLE_PY, EXAMPLE_TS, SDK_PROGRAMS, NodeSdk, Proc, Procs, PythonSdk
 from helpers.support import VERSION
 from helpers.troth_process import ACCESS, LoggedServer
 
@@ -45,19 +45,6 @@ RUN_TIMEOUT = 70.0
 KEY = ed25519.Ed25519PrivateKey.generate()
 FOREIGN_KEY = ed25519.Ed25519PrivateKey.generate()
 
-EXAMPLE_PY = [
-    "workflow   -> hello world!",
-    "fanout     -> [0, 1, 4, 9, 16, 25, 36, 49, 64, 81]",
-    "rpc_fanout -> 285",
-    "rpc        -> 49",
-    "workflow (same id again) -> hello world!",
-]
-EXAMPLE_TS = [
-    "workflow   -> hello world!",
-    "fanout     -> [0,1,4,9,16,25,36,49,64,81]",
-    "rpc_fanout -> 285",
-    "rpc        -> 49",
-]
 TENANT = ["workflow   -> hello world! 49", "rpc_fanout -> 30", "rpc        -> 81"]
 PROBES = ["get", "create", "create_new", "resolve", "reject", "cancel"]
 _corr = itertools.count(1)

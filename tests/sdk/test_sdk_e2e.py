@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from helpers.sdk_env import NodeSdk, Proc, Procs, PythonSdk
+from helpers.sdk_env import EXAMPLE_PY, EXAMPLE_TS, NodeSdk, Proc, Procs, PythonSdk
 from helpers.troth_process import TrothProcess
 
 pytestmark = pytest.mark.timeout(180)
@@ -37,20 +37,6 @@ WORKER_TTL_S = 2
 WORK_S = 3
 #: Bound on any one SDK program; normal runs take 1-2 s.
 RUN_TIMEOUT = 60.0
-
-EXAMPLE_PY = [
-    "workflow   -> hello world!",
-    "fanout     -> [0, 1, 4, 9, 16, 25, 36, 49, 64, 81]",
-    "rpc_fanout -> 285",
-    "rpc        -> 49",
-    "workflow (same id again) -> hello world!",
-]
-EXAMPLE_TS = [
-    "workflow   -> hello world!",
-    "fanout     -> [0,1,4,9,16,25,36,49,64,81]",
-    "rpc_fanout -> 285",
-    "rpc        -> 49",
-]
 
 
 class TrothServer(TrothProcess):

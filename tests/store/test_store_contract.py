@@ -8,13 +8,12 @@ drive both with the same random jobs and compare every answer and the snapshots.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from helpers import pg
 from helpers.store_jobs import BIG, EXT, Model, outcomes_of, promise, put, run, schedule
 from troth.outbox.codes import SUPERSEDED
 from troth.protocol.records import (
@@ -31,16 +30,6 @@ from troth.store.outbox import settle_one
 from troth.store.sqlite import SqliteStore
 
 # -- helpers ---------------------------------------------------------------------------
-
-
-@pytest.fixture(params=["memory", "sqlite", "postgres"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    if request.param == "postgres":
-        s: Store = pg.fresh_store(request.getfixturevalue("pg_url"))
-    else:
-        s = MemoryStore() if request.param == "memory" else SqliteStore(tmp_path / "t.db")
-    yield s
-    s.close()
 
 
 def get_task(tx: Overlay, id: str) -> Task | None:

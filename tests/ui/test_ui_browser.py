@@ -12,11 +12,9 @@ its ids and states with no console error or failed request.
 from __future__ import annotations
 
 import base64
-import http.server
 import json
 import os
 import re
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +24,7 @@ import httpx
 import pytest
 
 from helpers.browser import CHROMIUM, require_chromium
+from helpers.hook import hook_server
 from helpers.sdk_env import Procs
 from helpers.troth_process import LoggedServer
 
@@ -43,17 +42,6 @@ def b64(value: Any) -> str:
 
 def act(kind: str, data: dict[str, Any]) -> dict[str, Any]:
     return {"kind": kind, "head": {}, "data": data}
-
-
-class _Refusing(http.server.BaseHTTPRequestHandler):
-    def do_POST(self) -> None:
-        self.rfile.read(int(self.headers.get("content-length", 0)))
-        self.send_response(404)
-        self.send_header("content-length", "0")
-        self.end_headers()
-
-    def log_message(self, *args: Any) -> None:
-        pass
 
 
 class World:
@@ -153,20 +141,19 @@ class World:
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     tmp = tmp_path_factory.mktemp("ui")
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Refusing)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
     procs = Procs(tmp)
-    try:
-        server = LoggedServer(procs, "sqlite", tmp / "troth.db", None, ["--log-level", "warning"])
-        server.start()
-        w = World(server, f"http://127.0.0.1:{httpd.server_address[1]}/hook")
-        w.build()
-        yield w
-    finally:
-        procs.close()
-        httpd.shutdown()
-        thread.join(5)
+    with hook_server() as hook:
+        hook.status[0] = 404  # the push target of the failed delivery
+        try:
+            server = LoggedServer(
+                procs, "sqlite", tmp / "troth.db", None, ["--log-level", "warning"]
+            )
+            server.start()
+            w = World(server, f"http://127.0.0.1:{hook.port}/hook")
+            w.build()
+            yield w
+        finally:
+            procs.close()
 
 
 @pytest.fixture(scope="module")

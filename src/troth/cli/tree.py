@@ -9,15 +9,13 @@ one line with counts, so wide trees stay readable; ``--all`` unfolds them.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Final, TextIO
 
 from troth.cli.remote import Remote, RemoteError
 from troth.cli.render import Renderer, paint
+from troth.ops.explain import function_in
 from troth.ops.times import relative
 from troth.protocol.records import TAG_ORIGIN, TAG_TARGET
 
@@ -56,14 +54,7 @@ class Node:
 def function_of(p: dict[str, Any]) -> str | None:
     """The function name an SDK put in the param (base64 JSON ``{"func": …}``)."""
     data = (p.get("param") or {}).get("data")
-    if not isinstance(data, str):
-        return None
-    try:
-        decoded = json.loads(base64.b64decode(data, validate=True))
-    except (binascii.Error, ValueError):
-        return None
-    func = decoded.get("func") if isinstance(decoded, dict) else None
-    return func if isinstance(func, str) else None
+    return function_in(data) if isinstance(data, str) else None
 
 
 def fetch(remote: Remote, root: str) -> Node:

@@ -123,7 +123,11 @@ Bounces = Callable[[str], Episode | None]
 
 def function_of(p: Promise) -> str | None:
     """The function name an SDK put in the param (base64 JSON ``{"func": …}``)."""
-    data = p.param.data
+    return function_in(p.param.data)
+
+
+def function_in(data: str | None) -> str | None:
+    """The ``func`` of a param's base64 JSON ``data``, as both SDKs encode a call."""
     if data is None:
         return None
     try:

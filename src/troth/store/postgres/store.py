@@ -67,9 +67,8 @@ class PostgresStore(Session, Store):
             raise
         self.backend = PostgresBackend(self.cur)
         self.outbox = PostgresOutbox(self)
-        self._reader: InspectionSession | None = None
-        self._retainer: RetentionSession | None = None
-        self._reader_opening = threading.Lock()
+        self._sessions: dict[type[Session], Session] = {}
+        self._sessions_opening = threading.Lock()
 
     # -- transactions --------------------------------------------------------------------
 
@@ -256,37 +255,35 @@ class PostgresStore(Session, Store):
         finally:
             self.lock.release()
 
-    def inspect(self, fn: Callable[[Inspection], T]) -> T:
-        """On a session of its own, in one REPEATABLE READ snapshot, locking nothing."""
-        with self._reader_opening:
-            if self._reader is None:
-                self._reader = InspectionSession(
+    def _own(self, kind: type[Session]) -> Session:
+        """The session of its own that ``kind`` names, opened on first use: operators'
+        reads and retention never wait for the writer's lock, nor hold it."""
+        with self._sessions_opening:
+            session = self._sessions.get(kind)
+            if session is None:
+                session = kind(
                     self.url, max_attempts=self.max_attempts, lock_timeout=self.lock_timeout
                 )
-            reader = self._reader
+                self._sessions[kind] = session
+            return session
+
+    def inspect(self, fn: Callable[[Inspection], T]) -> T:
+        """In one REPEATABLE READ snapshot, locking nothing."""
+        reader = self._own(InspectionSession)
         return reader.run(lambda cur: fn(SqlInspection(cur, CODEC, "%s")), snapshot=True)
 
     def retain(self, fn: Callable[[Retention], T]) -> T:
-        """On a session of its own, skip-locked: it never waits for a request's row."""
-        with self._reader_opening:
-            if self._retainer is None:
-                self._retainer = RetentionSession(
-                    self.url, max_attempts=self.max_attempts, lock_timeout=self.lock_timeout
-                )
-            session = self._retainer
+        """Skip-locked: it never waits for a request's row."""
         lock = "FOR UPDATE SKIP LOCKED"
+        session = self._own(RetentionSession)
         return session.run(lambda cur: fn(SqlRetention(cur, CODEC, "%s", lock)))
 
     def close(self) -> None:
         self.outbox.close()
-        with self._reader_opening:
-            if self._retainer is not None:
-                self._retainer.close()
-                self._retainer = None
-        with self._reader_opening:
-            if self._reader is not None:
-                self._reader.close()
-                self._reader = None
+        with self._sessions_opening:
+            for session in self._sessions.values():
+                session.close()
+            self._sessions.clear()
         Session.close(self)
 
     def schema_version(self) -> int:

@@ -4,32 +4,20 @@ archive sees a tree before it goes, and an archive that fails deletes nothing.""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from helpers import pg
 from helpers.store_jobs import promise as make
 from helpers.store_jobs import put, run
 from troth.protocol.records import Execute, Task
 from troth.store.base import Overlay, Store
-from troth.store.memory import MemoryStore
 from troth.store.retention import START, Swept, Tree
 from troth.store.sqlite import SqliteStore
 
 CUTOFF = 10_000
-
-
-@pytest.fixture(params=["memory", "sqlite", "postgres"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    if request.param == "postgres":
-        s: Store = pg.fresh_store(request.getfixturevalue("pg_url"))
-    else:
-        s = MemoryStore() if request.param == "memory" else SqliteStore(tmp_path / "t.db")
-    yield s
-    s.close()
 
 
 def workflow(store: Store, root: str, *, settled: int, pending_leaf: bool = False) -> None:
