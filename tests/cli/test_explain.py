@@ -263,3 +263,25 @@ def test_promises_by_id_prefix_and_state_page_in_id_order(server: RunningServer)
     # The protocol's search by state alone takes the pending index's path; same answer.
     found = server.ok("promise.search", {"state": "pending", "limit": 10})["promises"]
     assert [p["id"] for p in found] == ["a%", "a.1", "a.3", "ab", "b", "ä.1"]
+
+
+def test_a_schedules_latest_runs_come_newest_first(server: RunningServer) -> None:
+    """Runs are ``~{schedule}/{expanded template}``: ``order=desc`` lists the latest."""
+    schedule = {
+        "id": "every",
+        "cron": "* * * * *",
+        "promiseId": "run.{{.timestamp}}",
+        "promiseTimeout": HOUR,
+        "promiseParam": {},
+        "promiseTags": {},
+    }
+    base = 10**12  # 13-digit timestamps, as every real one until 2286
+    server.ok("schedule.create", schedule, base)
+    for minute in (1, 2, 3):
+        server.tick(base + minute * 60_000)
+    every = [p["id"] for p in ops(server, "promises", prefix="~every/")[1]["promises"]]
+    assert len(every) == 3, every
+    status, body = ops(server, "promises", prefix="~every/", order="desc", limit="2")
+    assert status == 200, body
+    assert [p["id"] for p in body["promises"]] == every[::-1][:2]
+    assert ops(server, "promises", prefix="~every/", order="desc", state="pending")[0] == 400

@@ -327,6 +327,7 @@ def test_delivery_workers_and_schedules(page: Page) -> None:
     pg = page.open("/schedules", "schedules")
     text = pg.inner_text("main table")
     assert "nightly" in text and "0 3 * * *" in text and "report.{{.timestamp}}" in text
+    assert "none yet" in text  # its latest runs (it never ran)
     page.shot("schedules")
 
 

@@ -3,7 +3,8 @@
 
 =======================  ===============================================================
 ``/ops/explain?id=ID``   why ``ID`` is not done (``troth explain``; ops/explain.py)
-``/ops/promises``        promises by id ``prefix`` and ``state``, in id order (``after``)
+``/ops/promises``        promises by id ``prefix`` and ``state``, in id order (``after``);
+                         ``order=desc``: the latest ``limit`` under the prefix
 ``/ops/outbox``          outbox rows, newest first: ``state``, ``task``, ``before``, ``limit``
 ``/ops/workers``         connected workers by group and node, groups' last seen, nodes
 ``/ops/counts``          rows by state: promises, tasks, outbox; schedules
@@ -130,6 +131,13 @@ class OperatorApi:
         limit = _int(params, "limit", 100, 1, MAX_LIMIT)
         prefix = params.get("prefix", "")
         after = params.get("after") or None
+        if params.get("order") == "desc":  # the latest under a prefix, no paging
+            if state is not None or after is not None:
+                raise Refused(400, "order=desc takes a prefix and a limit only")
+            found = await asyncio.to_thread(
+                self.store.inspect, lambda ins: ins.newest(prefix, limit)
+            )
+            return {"promises": [msgspec.to_builtins(p.record()) for p in found], "next": None}
         found = await asyncio.to_thread(
             self.store.inspect, lambda ins: ins.promises(prefix, state, after, limit)
         )

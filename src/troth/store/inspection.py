@@ -52,6 +52,11 @@ class Inspection(ABC):
         range of the primary key (and, for pending, of the pending index)."""
 
     @abstractmethod
+    def newest(self, prefix: str, limit: int) -> list[Promise]:
+        """The last ``limit`` promises whose id starts with ``prefix``, last first (a
+        schedule's latest runs: their ids end in the run's timestamp)."""
+
+    @abstractmethod
     def deliveries(self, task_id: str, limit: int) -> list[OutboxRow]:
         """The outbox rows written for a task (its executes), newest first."""
 
@@ -110,6 +115,10 @@ class SqlInspection(Inspection):
             rows = self._all("range_in_state", low, after or "", high, state, limit)
         return [self.codec.promise(r) for r in rows]
 
+    def newest(self, prefix: str, limit: int) -> list[Promise]:
+        rows = self._all("newest", prefix, prefix + ID_END, limit)
+        return [self.codec.promise(r) for r in rows]
+
     def deliveries(self, task_id: str, limit: int) -> list[OutboxRow]:
         return [self.codec.outbox_row(r) for r in self._all("deliveries", task_id, limit)]
 
@@ -141,6 +150,10 @@ def _queries(p: str) -> dict[str, str]:
         "range": (
             f"SELECT {PROMISE_COLS} FROM promises WHERE id >= {p} AND id > {p} AND id < {p}"
             f" ORDER BY id LIMIT {p}"
+        ),
+        "newest": (
+            f"SELECT {PROMISE_COLS} FROM promises WHERE id >= {p} AND id < {p}"
+            f" ORDER BY id DESC LIMIT {p}"
         ),
         "pending_range": (
             f"SELECT {PROMISE_COLS} FROM promises WHERE state = 'pending'"

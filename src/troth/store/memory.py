@@ -374,6 +374,10 @@ class MemoryInspection(Inspection):
 
         return _scan(self.b.promises, match, after, limit)
 
+    def newest(self, prefix: str, limit: int) -> list[Promise]:
+        ids = sorted((id for id in self.b.promises if id.startswith(prefix)), reverse=True)
+        return [self.b.promises[id] for id in ids[:limit]]
+
     def _newest(self, keep: Callable[[OutboxRow], bool], limit: int) -> list[OutboxRow]:
         rows = sorted((r for r in self.b.outbox.values() if keep(r)), key=lambda r: -r.id)
         return [dataclasses.replace(r) for r in rows[:limit]]

@@ -680,17 +680,24 @@ views.schedules = async (main, _arg, q) => {
   main.append(h("h1", {}, "Schedules"), h("p", { id: "action-result", role: "status" }, takeFlash()));
   const r = await proto("schedule.search", { limit: PAGE, cursor: q.get("cursor") || undefined });
   if (r.status !== 200) throw new Error(`schedule.search answered ${r.status}`);
-  const runsPrefix = (s) => s.promiseId.replaceAll("{{.id}}", s.id).split("{{")[0];
+  // A run's promise id is ~{schedule id}/{the template, expanded}: the latest runs are
+  // the last ids under that prefix (their timestamps sort as their ids do).
+  const runsPrefix = (s) => `~${s.id}/`;
+  const latest = await Promise.all(r.data.schedules.map((s) => ops("promises", { prefix: runsPrefix(s), order: "desc", limit: 3 })));
   main.append(
     table(
-      ["id", "cron", "promise id", "next run", "last run", "runs", ""],
-      r.data.schedules.map((s) => [
+      ["id", "cron", "promise id", "next run", "last run", "latest runs", ""],
+      r.data.schedules.map((s, i) => [
         s.id,
         h("code", {}, s.cron),
         s.promiseId,
         when(s.nextRunAt),
         s.lastRunAt ? when(s.lastRunAt) : "never",
-        link(`#/workflows?prefix=${encodeURIComponent(runsPrefix(s))}`, "its promises"),
+        h("div", {},
+          latest[i].promises.length
+            ? h("ul", { class: "runs" }, latest[i].promises.map((p) => h("li", {}, link(`#/workflow/${encodeURIComponent(p.id)}`, p.id), " ", state(p.state))))
+            : h("span", { class: "muted" }, "none yet"),
+          link(`#/workflows?prefix=${encodeURIComponent(runsPrefix(s))}`, "all runs")),
         h("button", { type: "button", class: "danger", "data-action": "delete", onclick: async () => {
           if ((await confirmAction(`Delete schedule ${s.id}? No more runs will be created (existing promises stay).`, { okLabel: "Delete" })) === null) return;
           const d = await proto("schedule.delete", { id: s.id });
