@@ -77,6 +77,8 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
         "--cors-allow-origins",
         help="origins browsers may call from: https://a.example,https://b.example or * (off)",
     )
+    p.add_argument("--nats-url", help="NATS server(s): serve requests and deliver nats:// (off)")
+    p.add_argument("--nats-prefix", help="subject prefix: requests on PREFIX.requests.> (resonate)")
 
 
 def settings_from(args: argparse.Namespace, base: Settings | None = None) -> Settings:
@@ -119,6 +121,8 @@ def settings_from(args: argparse.Namespace, base: Settings | None = None) -> Set
         "tls_cert": args.tls_cert,
         "tls_key": args.tls_key,
         "cors_allow_origins": args.cors_allow_origins,
+        "nats_url": args.nats_url,
+        "nats_prefix": args.nats_prefix,
     }
     return load(overrides, toml_path=args.config, base=base)
 
