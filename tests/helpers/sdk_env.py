@@ -207,8 +207,17 @@ class PythonSdk:
         return [str(self.python), str(program_path(name)), *args]
 
 
-def build_python_sdk() -> PythonSdk:
-    """Find Python 3.12 and (once) build a venv with ``resonate-sdk`` in the cache."""
+#: The SDKs' NATS connector (issue 15), installed beside ``resonate-sdk`` for the NATS
+#: tests, with the nats-py it works with: nats-py 2.16.0 validates header names on
+#: publish and refuses the connector's ``resonate:origin`` header (a colon is not a
+#: header-name character), so every request fails with ``nats: invalid header``;
+#: 2.15.0 sends it. troth never reads that header (it takes the origin from the subject).
+NATS_CONNECTOR = ("resonate-nats==0.8.0", "nats-py==2.15.0")
+
+
+def build_python_sdk(extra: tuple[str, ...] = ()) -> PythonSdk:
+    """Find Python 3.12 and (once) build a venv with ``resonate-sdk`` in the cache,
+    plus the pinned requirements ``extra`` (e.g. :data:`NATS_CONNECTOR`)."""
     base = find_python312()
     probe = subprocess.run(
         [str(base), "-c", "import platform; print(platform.python_version())"],
@@ -221,6 +230,8 @@ def build_python_sdk() -> PythonSdk:
         fail(f"{base} does not run: {probe.stderr.strip()}")
     py_version = probe.stdout.strip()
     name = f"py{py_version}-resonate-sdk-{PY_SDK_VERSION}"
+    if extra:
+        name += "-" + "-".join(e.replace("==", "-") for e in extra)
 
     def build(target: Path) -> None:
         log = target / "build.log"
@@ -233,10 +244,11 @@ def build_python_sdk() -> PythonSdk:
                 "--disable-pip-version-check",
                 "--no-input",
                 f"resonate-sdk=={PY_SDK_VERSION}",
+                *extra,
             ],
             target,
             log,
-            f"pip install resonate-sdk=={PY_SDK_VERSION}",
+            f"pip install resonate-sdk=={PY_SDK_VERSION} {' '.join(extra)}",
         )
         _run_build_step(
             [str(target / "venv" / "bin" / "python"), "-c", "import resonate.resonate"],
@@ -245,9 +257,10 @@ def build_python_sdk() -> PythonSdk:
             "import resonate",
         )
 
-    target = _build_once(
-        name, {"python": str(base), "python_version": py_version, "sdk": PY_SDK_VERSION}, build
-    )
+    marker = {"python": str(base), "python_version": py_version, "sdk": PY_SDK_VERSION}
+    if extra:
+        marker["extra"] = " ".join(extra)
+    target = _build_once(name, marker, build)
     return PythonSdk(python=target / "venv" / "bin" / "python", version=py_version)
 
 

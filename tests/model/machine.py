@@ -256,6 +256,10 @@ def settable(state: str) -> bool:
 def address_valid(address: str) -> bool:
     if address.startswith(("http://", "https://")):
         return True
+    if address.startswith("nats://"):
+        # troth's extension (docs/protocol.md): nats:// + a literal NATS subject.
+        tokens = address[len("nats://") :].split(".")
+        return all(t and t not in ("*", ">") and not any(c.isspace() for c in t) for t in tokens)
     return address.startswith("poll://") and "@" in address
 
 

@@ -82,6 +82,8 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
         action=argparse.BooleanOptionalAction,
         help="serve the dashboard at /ui (default on; --no-ui turns it off)",
     )
+    p.add_argument("--nats-url", help="NATS server(s): serve requests and deliver nats:// (off)")
+    p.add_argument("--nats-prefix", help="subject prefix: requests on PREFIX.requests.> (resonate)")
 
 
 def settings_from(args: argparse.Namespace, base: Settings | None = None) -> Settings:
@@ -125,6 +127,8 @@ def settings_from(args: argparse.Namespace, base: Settings | None = None) -> Set
         "tls_key": args.tls_key,
         "cors_allow_origins": args.cors_allow_origins,
         "ui": args.ui,
+        "nats_url": args.nats_url,
+        "nats_prefix": args.nats_prefix,
     }
     return load(overrides, toml_path=args.config, base=base)
 

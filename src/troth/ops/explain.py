@@ -402,6 +402,11 @@ def outcome(row: OutboxRow) -> str:
         codes.ATTEMPTS_EXHAUSTED: "attempts exhausted",
         codes.SEND_TIMEOUT: "send timed out",
         codes.SUPERSEDED: "superseded by a newer execute",
+        codes.NATS_DISCONNECTED: "not connected to NATS",
+        codes.NATS_NO_RESPONDERS: "no NATS subscriber on the subject",
+        codes.NATS_FLUSH_FAILED: "NATS flush failed after publishing",
+        codes.NATS_TOO_LARGE: "larger than the NATS max_payload",
+        codes.NATS_OFF: "nats:// address but this node has no nats_url",
     }
     return words.get(code, code)
 

@@ -24,3 +24,13 @@ BAD_ADDRESS: Final = "troth.address.unsupported"
 HTTP_REFUSED: Final = "troth.http.connect_refused"
 HTTP_STATUS: Final = "troth.http.status_"  # + the status code, e.g. troth.http.status_503
 HTTP_ERROR: Final = "troth.http.error"
+#: nats:// (transport/nats.py): not connected to NATS, nothing written.
+NATS_DISCONNECTED: Final = "troth.nats.disconnected"
+#: nats://: NATS answered "no responders": nobody subscribes to the subject.
+NATS_NO_RESPONDERS: Final = "troth.nats.no_responders"
+#: nats://: published, but the flush that would confirm it failed or timed out.
+NATS_FLUSH_FAILED: Final = "troth.nats.flush_failed"
+#: nats://: the message exceeds the NATS server's max_payload.
+NATS_TOO_LARGE: Final = "troth.nats.too_large"
+#: nats:// with no nats_url configured: this node cannot deliver it.
+NATS_OFF: Final = "troth.nats.not_configured"

@@ -4,8 +4,12 @@ Two readings of one address, kept side by side so that they cannot drift apart:
 
 * :func:`address_valid` is the specification's ``addressValid`` (SPEC.md §2.3), the
   loose check a ``register_listener`` passes: an ``http(s)://`` URL, or ``poll://``
-  with an ``@``.  It decides what a request may store, so it must stay the
-  specification's, not troth's.
+  with an ``@``.  It decides what a request may store, so it stays the
+  specification's, with one extension: ``nats://`` + a literal NATS subject, the
+  addresses the SDKs' NATS connector (``resonate-nats``) hands out
+  (docs/protocol.md).
+* :func:`nats_subject` reads a ``nats://`` address: the subject, exactly as written
+  (subjects are case-sensitive; the connector's subscriptions are too).
 * :func:`parse_poll` is the strict reading delivery needs (REFERENCE-SERVER.md §3.1,
   SDK-CLIENTS.md §2.5): ``poll://uni@group/id`` (exactly that id) or
   ``poll://any@group[/id]`` (prefer that id); anything else cannot be delivered.
@@ -21,8 +25,10 @@ from typing import Final
 POLL: Final = "poll"
 HTTP: Final = "http"
 HTTPS: Final = "https"
+NATS: Final = "nats"
 
 _POLL_PREFIX: Final = "poll://"
+_NATS_PREFIX: Final = "nats://"
 
 
 @dataclass(frozen=True)
@@ -42,9 +48,28 @@ def scheme_of(address: str) -> str:
 
 
 def address_valid(address: str) -> bool:
-    """Deliverable listener addresses (§2.3 ``addressValid``)."""
+    """Deliverable listener addresses (§2.3 ``addressValid``, plus ``nats://``)."""
     scheme = scheme_of(address)
+    if scheme == NATS:
+        return nats_subject(address) is not None
     return scheme in (HTTP, HTTPS) or (scheme == POLL and "@" in address)
+
+
+def valid_subject(subject: str) -> bool:
+    """A literal NATS subject one can publish to: dot-separated non-empty tokens,
+    no wildcard token (``*``, ``>``), no whitespace."""
+    return all(
+        token and token not in ("*", ">") and not any(c.isspace() for c in token)
+        for token in subject.split(".")
+    )
+
+
+def nats_subject(address: str) -> str | None:
+    """The subject of ``nats://{subject}``, exactly as written; None if it is not one."""
+    if not address.startswith(_NATS_PREFIX):
+        return None
+    subject = address[len(_NATS_PREFIX) :]
+    return subject if valid_subject(subject) else None
 
 
 def parse_poll(address: str) -> PollAddress | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
 import msgspec
@@ -30,9 +30,11 @@ from troth.server.cors import Cors, served
 from troth.server.delivery import DeliveryLoop
 from troth.server.engine import Engine
 from troth.server.metrics import Metrics
+from troth.server.nats import NatsIngress
 from troth.server.operator import OperatorApi
 from troth.server.retention import RetentionLoop
 from troth.store.base import StoreUnavailable
+from troth.transport.nats import NatsLink
 from troth.transport.poll import Connection, Full, Registry
 from troth.ui import Dashboard
 
@@ -40,6 +42,8 @@ Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
+#: What an envelope is answered with: ``(kind, corrId, status, data)``.
+Answer = tuple[str, str, int, object]
 
 log = logging.getLogger("troth.server")
 access = logging.getLogger("troth.access")
@@ -118,6 +122,7 @@ class App:
         bounces: BounceTracker | None = None,
         node: str = "",
         retention: RetentionLoop | None = None,
+        nats: NatsLink | None = None,
     ) -> None:
         self.engine = engine
         self.settings = settings
@@ -156,6 +161,18 @@ class App:
         )
         self.retention = retention
         self.dashboard = Dashboard() if settings.ui else None  # GET /ui (troth/ui)
+        #: Requests over NATS (``nats_url``), served by :meth:`envelope` as ``POST /``.
+        self.nats = (
+            None
+            if nats is None
+            else NatsIngress(
+                nats,
+                settings.nats_prefix,
+                self.nats_envelope,
+                self.answered,
+                max_body=settings.max_body,
+            )
+        )
         self.started = False
         self.closing = asyncio.Event()
 
@@ -193,18 +210,24 @@ class App:
                 await self.cluster.start()
             if self.retention is not None:
                 self.retention.start()
+            if self.nats is not None:
+                self.nats.start()
             self.started = True
 
     async def shutdown(self) -> None:
         """Stop delivery first (no new sends), then the engine (commits what is queued)."""
         if self.started:
             self.closing.set()
+            if self.nats is not None:
+                await self.nats.stop()  # no new NATS requests; those in flight answered
             if self.retention is not None:
                 await self.retention.stop()
             if self.cluster is not None:
                 await self.cluster.stop()
             if self.delivery is not None:
                 await self.delivery.stop()
+            if self.nats is not None:
+                await self.nats.link.close()
             if self.on_shutdown is not None:
                 await self.on_shutdown()
             await self.engine.stop()
@@ -307,36 +330,41 @@ class App:
                 (time.perf_counter() - started) * 1000,
             )
             return
+        kind, corr, status, data = await self.envelope(body, scope.get("headers", ()))
+        await self.answer(send, kind, corr, status, data, started)
+
+    async def envelope(self, body: bytes, headers: Iterable[tuple[bytes, bytes]]) -> Answer:
+        """One request envelope, whichever way it came (HTTP ``POST /``, NATS): decode,
+        auth, limits, the engine (group commit) or the debug surface.  Returns what to
+        answer, ``(kind, corrId, status, data)``; it never raises.
+
+        Shared by every ingress so that they cannot drift apart: a check added here
+        holds for HTTP and NATS alike.  ``headers`` are the transport's (HTTP: the
+        ``Authorization: Bearer`` fallback of auth); ``head.auth`` is read first."""
         try:
             env = decode_envelope(body, self.limits.max_depth)
         except EnvelopeError as exc:
-            await self.answer(send, exc.kind, exc.corr_id, 400, str(exc), started)
-            return
+            return exc.kind, exc.corr_id, 400, str(exc)
         kind, corr = env.kind, env.head.corrId
         grant: Grant | None = None
         if self.auth is not None:
-            checked = self.auth.authenticate(env.head.auth, scope.get("headers", ()))
+            checked = self.auth.authenticate(env.head.auth, headers)
             if isinstance(checked, Denied):
-                await self.answer(send, kind, corr, checked.status, checked.message, started)
-                return
+                return kind, corr, checked.status, checked.message
             grant = checked
         if kind.startswith("debug.") and not self.settings.debug:
-            await self.answer(send, kind, corr, 403, "Debug operations are disabled", started)
-            return
+            return kind, corr, 403, "Debug operations are disabled"
         try:
             req = decode_data(kind, env.data)
         except BadRequest as exc:
-            await self.answer(send, kind, corr, 400, str(exc), started)
-            return
+            return kind, corr, 400, str(exc)
         refused = self.limits.check_request(req, len(body))
         if refused is not None:
-            await self.answer(send, kind, corr, 400, refused, started)
-            return
+            return kind, corr, 400, refused
         if grant is not None:
             allowed = authorize(grant, kind, req)
             if isinstance(allowed, Denied):
-                await self.answer(send, kind, corr, allowed.status, allowed.message, started)
-                return
+                return kind, corr, allowed.status, allowed.message
             req = allowed  # a search narrowed to the token's prefix
         now = self.engine.clock()
         if self.settings.debug and env.head.debug_time is not None:
@@ -355,22 +383,18 @@ class App:
             # concurrent writers: the request may be sent again (the message says
             # when a COMMIT broke off and its outcome is unknown).
             log.warning("store unavailable serving %s corrId=%s: %s", kind, corr, exc)
-            await self.answer(send, kind, corr, 503, f"Store unavailable: {exc}", started)
-            return
+            return kind, corr, 503, f"Store unavailable: {exc}"
         except Exception:
             log.exception("internal error serving %s corrId=%s", kind, corr)
-            await self.answer(
-                send,
-                kind,
-                corr,
-                500,
-                f"Internal error (corrId {corr}); nothing was changed",
-                started,
-            )
-            return
+            return kind, corr, 500, f"Internal error (corrId {corr}); nothing was changed"
         if response.status == 200 and isinstance(req, rq.TaskAcquire | rq.TaskCreate):
             log_grant(kind, corr, response)
-        await self.answer(send, kind, corr, response.status, response.data, started)
+        return kind, corr, response.status, response.data
+
+    async def nats_envelope(self, body: bytes) -> Answer:
+        """A request from NATS: :meth:`envelope` with no transport headers (a NATS
+        request authenticates with ``head.auth`` alone)."""
+        return await self.envelope(body, ())
 
     async def release(self, req: rq.TaskRelease, now: int, head: dict[str, Any]) -> Response:
         """``task.release``: a bounce of its task; after enough of them in a row, its
@@ -411,10 +435,14 @@ class App:
     ) -> None:
         body = encode_response(kind, corr, status, data)
         await send_bytes(send, status, body)
+        self.answered(kind, corr, status, started)
+
+    def answered(self, kind: str, corr: str, status: int, started: float, via: str = "") -> None:
+        """Count and log one answered request (``via``: `` via=nats``, or nothing)."""
         seconds = time.perf_counter() - started
         self.metrics.inc("troth_requests_total", kind=kind, status=str(status))
         self.metrics.observe("troth_request_seconds", seconds, kind=kind)
-        access.info("%s corrId=%s status=%d ms=%.2f", kind, corr, status, seconds * 1000)
+        access.info("%s corrId=%s status=%d ms=%.2f%s", kind, corr, status, seconds * 1000, via)
 
     # -- GET /poll/{group}/{id}: SSE ---------------------------------------------------
 

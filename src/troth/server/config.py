@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from troth.durations import parse_duration
+from troth.protocol.address import valid_subject
 from troth.protocol.limits import Limits
 
 
@@ -74,6 +75,8 @@ class Settings:
     tls_key: str = ""  # PEM private key of tls_cert
     cors_allow_origins: str = ""  # "https://a.example,https://b.example" or "*"; off if empty
     ui: bool = True  # the dashboard at GET /ui (static files; its data needs admin with auth)
+    nats_url: str = ""  # nats://host:4222 (comma-separated for several): NATS ingress + nats://
+    nats_prefix: str = "resonate"  # requests arrive on {nats_prefix}.requests.>
 
     def __post_init__(self) -> None:
         if self.store not in ("memory", "sqlite", "postgres"):
@@ -124,6 +127,10 @@ class Settings:
             raise ConfigError("tls_cert and tls_key go together: give both or neither")
         push_token_map(self.push_tokens)  # raises on a malformed list
         cors_origins(self.cors_allow_origins)
+        if self.nats_prefix != self.nats_prefix.strip() or not valid_subject(self.nats_prefix):
+            raise ConfigError(
+                f"nats_prefix must be a NATS subject without wildcards, not {self.nats_prefix!r}"
+            )
         if self.log_level.lower() not in ("debug", "info", "warning", "error", "critical"):
             raise ConfigError(f"unknown log_level {self.log_level!r}")
 

@@ -39,6 +39,10 @@ HELP = {
     "troth_outbox_claims_released_total": ("counter", "Expired dispatcher claims reaped."),
     "troth_outbox_reconciled_total": ("counter", "Unknown outbox rows reconciled, by verdict."),
     "troth_sse_connections": ("gauge", "Open SSE (poll) connections."),
+    "troth_undeliverable_total": (
+        "counter",
+        "Outbox sends to an address this node has no transport for, by code.",
+    ),
     "troth_commit_batches_total": ("counter", "Store transactions committed by the writer."),
     "troth_commit_jobs_total": ("counter", "Jobs (requests, timer passes) in those transactions."),
     "troth_task_bounces_total": (

@@ -10,14 +10,16 @@ from __future__ import annotations
 import logging
 import ssl
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import uvicorn
 
 from troth.machine.internal import Config
-from troth.outbox.types import DispatchConfig
-from troth.protocol.address import HTTP, HTTPS, POLL
-from troth.server.app import App
+from troth.outbox import codes
+from troth.outbox.types import DispatchConfig, OutboxSender
+from troth.protocol.address import HTTP, HTTPS, NATS, POLL
+from troth.server.app import App, Throttled
 from troth.server.auth import Authenticator, announce_auth
 from troth.server.cluster import default_node_id
 from troth.server.config import ConfigError, Settings, push_token_map
@@ -29,6 +31,7 @@ from troth.server.timeouts import guarded_protocol
 from troth.store.base import Store
 from troth.store.memory import MemoryStore
 from troth.transport.http import HttpSender, PushTokens
+from troth.transport.nats import NatsLink, NatsSender
 from troth.transport.poll import PollSender, Registry
 from troth.transport.router import Router
 
@@ -70,7 +73,13 @@ def build_app(settings: Settings, store: Store | None = None) -> App:
         retention=settings.outbox_retention,
         claim_timeout=max(120.0, settings.send_timeout * 4),
     )
-    delivery = DeliveryLoop(engine, Router({POLL: poll, HTTP: http, HTTPS: http}), config, metrics)
+    senders: dict[str, OutboxSender] = {POLL: poll, HTTP: http, HTTPS: http}
+    nats = None
+    if settings.nats_url:
+        nats = NatsLink(settings.nats_url, name=f"troth {node}")
+        senders[NATS] = NatsSender(nats, settings.url, flush_timeout=settings.send_timeout)
+    router = Router(senders, undeliverable_reporter(metrics))
+    delivery = DeliveryLoop(engine, router, config, metrics)
 
     def committed(commit: Commit) -> None:
         metrics.inc("troth_commit_batches_total")
@@ -119,7 +128,22 @@ def build_app(settings: Settings, store: Store | None = None) -> App:
         on_shutdown=http.close,
         node=node,
         retention=retention,
+        nats=nats,
     )
+
+
+def undeliverable_reporter(metrics: Metrics) -> Callable[[str, str], None]:
+    """What the router calls for a row this node has no transport for (an unknown
+    scheme, ``nats://`` without ``nats_url``): counted, and logged at most once a
+    second per reason, so that such a row never fails in silence."""
+    warn = Throttled(logging.getLogger("troth.delivery"))
+
+    def report(address: str, code: str) -> None:
+        metrics.inc("troth_undeliverable_total", code=code)
+        why = "no nats_url is configured" if code == codes.NATS_OFF else "unknown scheme"
+        warn.warning(code, "cannot deliver to %s: %s (%s)", address[:200], why, code)
+
+    return report
 
 
 def configure_logging(settings: Settings) -> None:

@@ -1,0 +1,196 @@
+"""NATS: the one connection a node keeps to NATS, and the ``nats://`` sender.
+
+:class:`NatsLink` owns the nats-py client.  It connects in the background and keeps
+reconnecting for as long as the server runs (nats-py's own reconnect loop, never
+given up), logging a warning when it loses NATS and when it cannot reach it; a NATS
+outage never stops troth, it only makes NATS requests and ``nats://`` deliveries wait.
+The request ingress (``server/nats.py``) and :class:`NatsSender` share it.
+
+:class:`NatsSender` publishes ``execute``/``unblock`` (the JSON of an SSE ``data:``
+line) to the subject of a ``nats://`` address, exactly as written.  Core NATS has no
+acknowledgement, so the outcome is decided by what NATS itself can tell
+(docs/operations.md, "NATS"):
+
+* not connected now → ``Retryable`` (``troth.nats.disconnected``): nothing was
+  written; nats-py would only buffer it for a reconnect that may never come.
+* the publish carries a reply subject troth listens on; NATS answers it with a
+  503 status when nobody is subscribed to the subject ("no responders"), and the
+  PONG of the flush that follows comes after that answer on the same connection.
+  So a flush that returns with a 503 waiting → ``Retryable``
+  (``troth.nats.no_responders``: nobody received it, as an SSE group without a
+  connection), and without one → ``Completed``: the NATS server took the message
+  and routed it to at least one subscriber.
+* the publish was written but the flush failed or timed out → ``Unknown``
+  (``troth.nats.flush_failed``): it may have been routed; the reconciler decides.
+* an address that is no literal subject, or a message over ``max_payload`` →
+  ``Permanent``.
+
+``Completed`` means what it means for SSE: handed to a live subscriber's connection,
+not processed — the task's version fences a duplicate, and a lost ``execute`` is
+re-emitted by the retry timer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+import nats.errors
+from nats.aio.client import Client
+
+from troth.outbox import codes
+from troth.outbox.rows import OutboxRow
+from troth.outbox.types import Completed, Dispatched, Permanent, Retryable, Unknown
+from troth.protocol.address import nats_subject
+from troth.transport.messages import message_body
+
+log = logging.getLogger("troth.nats")
+
+#: Seconds between two warnings of one kind about the NATS connection.
+WARN_EVERY = 10.0
+
+
+class NatsLink:
+    """One node's connection to NATS, (re)connected in the background."""
+
+    def __init__(self, url: str, *, name: str = "troth", reconnect_wait: float = 1.0) -> None:
+        self.url = url
+        self.servers = [u.strip() for u in url.split(",") if u.strip()]
+        self.name = name
+        self.reconnect_wait = reconnect_wait
+        self.client = Client()
+        self.ready = asyncio.Event()
+        #: Called (awaited) after every connect and reconnect, e.g. to subscribe.
+        self.on_connect: list[Callable[[], Awaitable[None]]] = []
+        self._task: asyncio.Task[None] | None = None
+        self._warned: dict[str, float] = {}
+
+    @property
+    def connected(self) -> bool:
+        return self.client.is_connected
+
+    def start(self) -> None:
+        """Connect in the background: the server starts serving HTTP meanwhile."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._connect(), name="troth-nats-connect")
+
+    async def _connect(self) -> None:
+        try:
+            await self.client.connect(
+                self.servers,
+                name=self.name,
+                error_cb=self._error,
+                disconnected_cb=self._disconnected,
+                reconnected_cb=self._reconnected,
+                max_reconnect_attempts=-1,  # never give up: NATS outages end
+                reconnect_time_wait=self.reconnect_wait,  # type: ignore[arg-type]
+                connect_timeout=2,
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a bad URL: nats-py's loop retries everything else
+            log.error("NATS: cannot connect to %s: %s; NATS stays off", self.url, exc)
+            return
+        log.info("NATS connected to %s", self._where())
+        self.ready.set()
+        await self._connected()
+
+    async def _connected(self) -> None:
+        for hook in self.on_connect:
+            try:
+                await hook()
+            except Exception:
+                log.exception("NATS: setting up after connect failed")
+
+    def _where(self) -> str:
+        url = self.client.connected_url
+        return url.netloc if url is not None else self.url
+
+    def warn(self, kind: str, message: str, *args: object) -> None:
+        now = time.monotonic()
+        if now - self._warned.get(kind, -WARN_EVERY) >= WARN_EVERY:
+            self._warned[kind] = now
+            log.warning(message, *args)
+
+    async def _error(self, exc: Exception) -> None:
+        self.warn("error", "NATS (%s): %s: %s; retrying", self.url, type(exc).__name__, exc)
+
+    async def _disconnected(self) -> None:
+        if not self.client.is_closed:
+            self.warn("disconnected", "NATS connection lost (%s); reconnecting", self.url)
+
+    async def _reconnected(self) -> None:
+        # nats-py re-subscribes by itself; nothing else needs redoing.
+        log.warning("NATS reconnected to %s", self._where())
+
+    async def close(self) -> None:
+        """Stop (re)connecting and close the connection, flushing what was published."""
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):
+                pass
+        if not self.client.is_closed and (self.client.is_connected or self.ready.is_set()):
+            try:
+                await self.client.close()
+            except Exception as exc:
+                log.warning("NATS: closing the connection: %s", exc)
+
+
+class NatsSender:
+    """Publishes outbox rows to the subject of their ``nats://`` address."""
+
+    def __init__(self, link: NatsLink, server_url: str, *, flush_timeout: float = 10.0) -> None:
+        self.link = link
+        self.server_url = server_url
+        self.flush_timeout = flush_timeout
+
+    async def send(self, row: OutboxRow) -> Dispatched:
+        subject = nats_subject(row.address)
+        if subject is None:
+            return Permanent(codes.BAD_ADDRESS)
+        nc = self.link.client
+        if not nc.is_connected:
+            return Retryable(codes.NATS_DISCONNECTED)
+        payload = message_body(row.message, self.server_url)
+        if len(payload) > nc.max_payload:
+            return Permanent(codes.NATS_TOO_LARGE)
+        # A reply subject of its own: NATS answers it with a 503 status when the
+        # subject has no subscriber.  No callback: the answer is queued on the
+        # subscription as the reader meets it, before the flush's PONG.
+        inbox = nc.new_inbox()
+        try:
+            replies = await nc.subscribe(inbox, max_msgs=1)
+        except nats.errors.Error:
+            return Retryable(codes.NATS_DISCONNECTED)
+        try:
+            try:
+                await nc.publish(
+                    subject, payload, reply=inbox, headers={"Idempotency-Key": row.key}
+                )
+            except (
+                nats.errors.OutboundBufferLimitError,
+                nats.errors.ConnectionClosedError,
+                nats.errors.ConnectionDrainingError,
+                nats.errors.ConnectionReconnectingError,
+            ):
+                return Retryable(codes.NATS_DISCONNECTED)
+            except nats.errors.BadSubjectError:
+                return Permanent(codes.BAD_ADDRESS)
+            except nats.errors.MaxPayloadError:
+                return Permanent(codes.NATS_TOO_LARGE)
+            try:
+                await nc.flush(self.flush_timeout)  # type: ignore[arg-type]
+            except Exception:
+                return Unknown(codes.NATS_FLUSH_FAILED)
+            if replies.pending_msgs:
+                return Retryable(codes.NATS_NO_RESPONDERS)
+            return Completed()
+        finally:
+            try:
+                await replies.unsubscribe()
+            except Exception:
+                pass  # gone with the connection; nats-py forgets it on reconnect
