@@ -26,6 +26,7 @@ against the source record.  Nothing is held in memory but one batch per side.
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -199,7 +200,7 @@ def _safe(url: str) -> str:
     return f"{info.get('host', 'localhost')}/{info.get('dbname', '')}"
 
 
-def _check_source(source: Any, path: str) -> None:
+def _check_source(source: sqlite3.Connection, path: str) -> None:
     """The source must be at this troth's schema version: the codecs read that layout,
     and a source is never written (not even migrated) by a move."""
     try:
@@ -225,7 +226,7 @@ def _prepare_target(url: str) -> None:
 
 
 def _copy(
-    source: Any, conn: Conn, batch: int, say: Callable[[str], None]
+    source: sqlite3.Connection, conn: Conn, batch: int, say: Callable[[str], None]
 ) -> tuple[dict[str, int], int]:
     """Every table in one transaction, committed at the end; returns the counts and
     the next outbox id."""
@@ -264,7 +265,7 @@ def _copy(
     return counts, int(high) + 1
 
 
-def _verify(source: Any, conn: Conn, batch: int, say: Callable[[str], None]) -> None:
+def _verify(source: sqlite3.Connection, conn: Conn, batch: int, say: Callable[[str], None]) -> None:
     """Compare the target with the source row by row, in id order, in batches."""
     conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
     for table in TABLES:
@@ -288,6 +289,6 @@ def _verify(source: Any, conn: Conn, batch: int, say: Callable[[str], None]) -> 
     conn.rollback()
 
 
-def _stream(cursor: Any, batch: int) -> Iterator[Sequence[Any]]:
+def _stream(cursor: sqlite3.Cursor, batch: int) -> Iterator[Sequence[Any]]:
     while chunk := cursor.fetchmany(batch):
         yield from chunk
