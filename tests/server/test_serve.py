@@ -12,38 +12,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 
-from helpers.support import VERSION, free_port
-
-
-@contextmanager
-def serve(args: list[str], cwd: Path, log: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
-    port = free_port()
-    cmd = [sys.executable, "-m", "troth.cli.main", *args, "--port", str(port)]
-    with log.open("ab") as out:
-        proc = subprocess.Popen(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 15
-        while True:
-            try:
-                if httpx.get(f"{url}/ready", timeout=0.5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.05)
-        yield proc, url
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(10)
+from helpers.serve_process import serve
+from helpers.support import VERSION
 
 
 def create(client: httpx.Client, id: str) -> int:

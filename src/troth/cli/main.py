@@ -1,6 +1,6 @@
 """``troth serve``, ``troth dev``, ``troth bench``, ``troth token`` (``cli/token.py``),
-and the client commands (``troth promises|tasks|schedules …``, ``troth invoke``:
-``cli/client.py``).
+``troth backup`` and ``troth migrate-store`` (``cli/storage.py``), and the client
+commands (``troth promises|tasks|schedules …``, ``troth invoke``: ``cli/client.py``).
 
 ``serve`` runs the server on the configured store (SQLite file ``troth.db`` by
 default).  ``dev`` is ``serve --debug`` on a fresh in-memory store: zero
@@ -16,6 +16,7 @@ from typing import Any
 from troth import __version__
 from troth.bench.options import add_bench_flags
 from troth.cli.client import add_client_commands, run_client
+from troth.cli.storage import add_storage_commands, run_storage
 from troth.cli.token import add_token_command, run_token
 from troth.server.config import ConfigError, Settings, load
 
@@ -145,9 +146,12 @@ def main(argv: list[str] | None = None) -> int:
     add_bench_flags(bench)
     add_client_commands(sub)
     add_token_command(sub)
+    add_storage_commands(sub)
     args = parser.parse_args(argv)
     if args.command == "token":
         return run_token(args)
+    if args.command in ("backup", "migrate-store"):
+        return run_storage(args)
     if getattr(args, "build", None) is not None:
         return run_client(args)
     if args.command == "bench":

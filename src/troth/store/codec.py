@@ -214,6 +214,34 @@ class RowCodec:
             [self.outbox_row(r) for r in execute(SELECT_ALL["outbox"])],
         )
 
+    def outbox_columns(self, r: OutboxRow) -> tuple[Any, ...]:
+        """A whole stored outbox row, lifecycle included (:data:`OUTBOX_COLUMNS` order):
+        the inverse of :meth:`outbox_row`, for copying rows between stores
+        (``store/transfer.py``), where a row keeps its id and delivery state."""
+        i = self.int_in
+        m = r.entry.message
+        if isinstance(m, Execute):
+            kind, task_id, version, promise = "execute", m.task_id, i(m.version), None
+        else:
+            kind, task_id, version, promise = "unblock", None, None, json_text(m.promise)
+        return (
+            r.id,
+            r.entry.address,
+            kind,
+            task_id,
+            version,
+            promise,
+            i(r.created_at),
+            str(r.state),
+            r.attempts,
+            i(r.available_at),
+            r.claim_token,
+            r.claimed_by,
+            i(r.claimed_at),
+            r.last_code,
+            i(r.updated_at),
+        )
+
     def outbox_row(self, r: Sequence[Any]) -> OutboxRow:
         """A stored outbox row (columns in :data:`OUTBOX_COLUMNS` order)."""
         o = self.int_out

@@ -29,7 +29,7 @@ from troth.store.retention import Retention, SqlRetention
 from troth.store.sqlite.migrate import SqliteSchema
 from troth.store.writes import Writes
 
-__all__ = ["SqliteBackend", "SqliteOutbox", "SqliteStore"]
+__all__ = ["CODEC", "SqliteBackend", "SqliteOutbox", "SqliteStore"]
 
 T = TypeVar("T")
 
@@ -60,6 +60,8 @@ def _int_out(v: Any) -> Any:
 
 _Q: Final = load_queries("troth.store.sqlite")
 _CODEC: Final = RowCodec(int_in=_int_in, int_out=_int_out, flag=int)
+#: The same codec by a public name, for what reads a file outside the store (transfer.py).
+CODEC: Final = _CODEC
 _TABLES: Final = ("promises", "tasks", "schedules", "outbox")
 _SAVEPOINT: Final = "troth_job"
 

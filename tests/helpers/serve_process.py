@@ -1,0 +1,40 @@
+"""``troth serve`` as a user runs it: a child process on a free port, ready when
+``GET /ready`` answers 200, killed when the block ends (test_serve.py, test_backup.py)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+from helpers.support import free_port
+
+
+@contextmanager
+def serve(args: list[str], cwd: Path, log: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    port = free_port()
+    cmd = [sys.executable, "-m", "troth.cli.main", *args, "--port", str(port)]
+    with log.open("ab") as out:
+        proc = subprocess.Popen(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                if httpx.get(f"{url}/ready", timeout=0.5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        yield proc, url
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
