@@ -185,6 +185,9 @@ class Page:
         )
 
     def open(self, route: str, view: str) -> Any:
+        # The view before may have been of the same name (promise → promise): drop its
+        # mark first, or the wait below would see the old page as the new one ready.
+        self.page.evaluate("document.querySelector('main')?.removeAttribute('data-ready')")
         self.page.goto(f"{self.base}/ui/#{route}")
         self.page.wait_for_selector(f"main[data-ready={view}]", timeout=10_000)
         self.page.wait_for_load_state("networkidle")

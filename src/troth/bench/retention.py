@@ -23,7 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgspec
+import psycopg
 
+from troth.bench import pg
 from troth.bench.http import HttpConnection
 from troth.bench.procs import ServerProcess
 from troth.durations import parse_duration
@@ -100,12 +102,52 @@ def sample(db: Path) -> tuple[float, float, float]:
     return db.stat().st_size / mb, (wal.stat().st_size / mb if wal.exists() else 0.0), used
 
 
+def sample_postgres(url: str) -> tuple[float, float, float]:
+    """PostgreSQL: the tables with their indexes and TOAST (MB), the WAL is not the
+    store's to report (0), and the live rows' share estimated from the statistics."""
+    mb = 1024 * 1024
+    with psycopg.connect(url, autocommit=True) as conn:
+        found = conn.execute(
+            "SELECT sum(pg_total_relation_size(c.oid)),"
+            " sum(pg_total_relation_size(c.oid) * CASE WHEN s.n_live_tup + s.n_dead_tup > 0"
+            " THEN s.n_live_tup::float / (s.n_live_tup + s.n_dead_tup) ELSE 1 END)"
+            " FROM pg_class c JOIN pg_stat_user_tables s ON s.relid = c.oid"
+            " WHERE c.relname IN ('promises', 'tasks', 'outbox')"
+        ).fetchone()
+    total, live = (float(found[0] or 0), float(found[1] or 0)) if found else (0.0, 0.0)
+    return total / mb, 0.0, live / mb
+
+
 async def measure(
-    name: str, work: Path, extra: list[str], seconds: float, clients: int, every: float
+    name: str,
+    work: Path,
+    extra: list[str],
+    seconds: float,
+    clients: int,
+    every: float,
+    postgres: str | None = None,
 ) -> Run:
     db = work / f"{name}.db"
-    server = ServerProcess.troth(work / name, db, synchronous="full", extra=extra)
-    await server.start()
+    url = pg.create_database(postgres, "troth_bench_retention") if postgres else None
+    server = ServerProcess.troth(work / name, db, synchronous="full", extra=extra, postgres_url=url)
+    try:
+        await server.start()
+        return await _load(server, name, db, url, seconds, clients, every)
+    finally:
+        server.kill()
+        if postgres and url:
+            pg.drop_database(postgres, url)
+
+
+async def _load(
+    server: ServerProcess,
+    name: str,
+    db: Path,
+    url: str | None,
+    seconds: float,
+    clients: int,
+    every: float,
+) -> Run:
     run = Run(name)
     try:
         started = time.monotonic()
@@ -116,7 +158,8 @@ async def measure(
         ]
         while time.monotonic() < stop:
             await asyncio.sleep(every)
-            run.samples.append((time.monotonic() - started, *sample(db)))
+            size = sample_postgres(url) if url else sample(db)
+            run.samples.append((time.monotonic() - started, *size))
         await asyncio.gather(*load)
         run.seconds = time.monotonic() - started
     finally:
@@ -136,11 +179,20 @@ async def main_async(args: argparse.Namespace) -> int:
             for name, extra in order if k % 2 == 0 else order[::-1]:
                 runs.append(
                     await measure(
-                        f"{name}", work / f"r{k}", extra, args.seconds, args.clients, args.every
+                        name,
+                        work / f"r{k}",
+                        extra,
+                        args.seconds,
+                        args.clients,
+                        args.every,
+                        args.postgres,
                     )
                 )
     print(f"steady load: {args.clients} clients, workflows of 4 promises (8 requests)")
-    print(f"retention {horizon} vs none; SQLite FULL; MB = database file / WAL / pages in use")
+    if args.postgres:
+        print(f"retention {horizon} vs none; PostgreSQL; MB = tables+indexes / - / live share")
+    else:
+        print(f"retention {horizon} vs none; SQLite FULL; MB = database file / WAL / pages in use")
     with_ = [r for r in runs if r.name == "retention"]
     without = [r for r in runs if r.name == "control"]
     print(f"{'t s':>5}  {'with retention':>24}  {'control (none)':>24}")
@@ -161,6 +213,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--every", type=float, default=5.0, help="seconds between samples")
     parser.add_argument("--rounds", type=int, default=2, help="alternating runs of each")
+    parser.add_argument(
+        "--postgres",
+        help="measure PostgreSQL instead: an admin URL throwaway databases are made from"
+        " (e.g. postgresql://postgres@127.0.0.1:5432/postgres); MB = tables / - / live share",
+    )
     return asyncio.run(main_async(parser.parse_args(argv)))
 
 
