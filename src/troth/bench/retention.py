@@ -102,11 +102,15 @@ def sample(db: Path) -> tuple[float, float, float]:
     return db.stat().st_size / mb, (wal.stat().st_size / mb if wal.exists() else 0.0), used
 
 
-def sample_postgres(url: str) -> tuple[float, float, float]:
+def sample_postgres(url: str, vacuum: bool) -> tuple[float, float, float]:
     """PostgreSQL: the tables with their indexes and TOAST (MB), the WAL is not the
     store's to report (0), and the live rows' share estimated from the statistics."""
     mb = 1024 * 1024
     with psycopg.connect(url, autocommit=True) as conn:
+        if vacuum:
+            # What autovacuum does on a server that runs it (this machine's cluster
+            # has autovacuum off): dead rows' space becomes reusable.
+            conn.execute("VACUUM promises, tasks, outbox")
         found = conn.execute(
             "SELECT sum(pg_total_relation_size(c.oid)),"
             " sum(pg_total_relation_size(c.oid) * CASE WHEN s.n_live_tup + s.n_dead_tup > 0"
@@ -126,13 +130,14 @@ async def measure(
     clients: int,
     every: float,
     postgres: str | None = None,
+    vacuum: bool = False,
 ) -> Run:
     db = work / f"{name}.db"
     url = pg.create_database(postgres, "troth_bench_retention") if postgres else None
     server = ServerProcess.troth(work / name, db, synchronous="full", extra=extra, postgres_url=url)
     try:
         await server.start()
-        return await _load(server, name, db, url, seconds, clients, every)
+        return await _load(server, name, db, url, seconds, clients, every, vacuum)
     finally:
         server.kill()
         if postgres and url:
@@ -147,6 +152,7 @@ async def _load(
     seconds: float,
     clients: int,
     every: float,
+    vacuum: bool,
 ) -> Run:
     run = Run(name)
     try:
@@ -158,7 +164,7 @@ async def _load(
         ]
         while time.monotonic() < stop:
             await asyncio.sleep(every)
-            size = sample_postgres(url) if url else sample(db)
+            size = sample_postgres(url, vacuum) if url else sample(db)
             run.samples.append((time.monotonic() - started, *size))
         await asyncio.gather(*load)
         run.seconds = time.monotonic() - started
@@ -186,6 +192,7 @@ async def main_async(args: argparse.Namespace) -> int:
                         args.clients,
                         args.every,
                         args.postgres,
+                        args.vacuum,
                     )
                 )
     print(f"steady load: {args.clients} clients, workflows of 4 promises (8 requests)")
@@ -213,6 +220,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--every", type=float, default=5.0, help="seconds between samples")
     parser.add_argument("--rounds", type=int, default=2, help="alternating runs of each")
+    parser.add_argument(
+        "--vacuum",
+        action="store_true",
+        help="with --postgres: VACUUM the tables at each sample (where autovacuum is off)",
+    )
     parser.add_argument(
         "--postgres",
         help="measure PostgreSQL instead: an admin URL throwaway databases are made from"
