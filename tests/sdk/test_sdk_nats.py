@@ -17,18 +17,19 @@ from pathlib import Path
 import pytest
 
 from helpers.nats import NatsServer, nats_server
-from helpers.sdk_env import NATS_CONNECTOR, SHARED_EXAMPLES, Procs, PythonSdk, build_python_sdk
+from helpers.sdk_env import (
+    EXAMPLE_PY,
+    NATS_CONNECTOR,
+    SHARED_EXAMPLES,
+    Procs,
+    PythonSdk,
+    build_python_sdk,
+)
 from helpers.troth_process import TrothProcess
 
 pytestmark = pytest.mark.timeout(180)
 
-EXPECTED = [
-    "workflow   -> hello world!",
-    "fanout     -> [0, 1, 4, 9, 16, 25, 36, 49, 64, 81]",
-    "rpc_fanout -> 285",
-    "rpc        -> 49",
-    "workflow (same id again) -> hello world!",
-]
+EXPECTED = EXAMPLE_PY
 
 
 @pytest.fixture(scope="module")
@@ -52,10 +53,8 @@ def sqlite_procs(tmp_path: Path) -> Iterator[Procs]:
         print(f"\nlogs of this test: {group.logs}\n{group.report()}")
 
 
-def test_python_sdk_over_nats_runs_the_example(
-    nats_sdk: PythonSdk, broker: NatsServer, sqlite_procs: Procs, tmp_path: Path
-) -> None:
-    procs = sqlite_procs
+def serve_with_nats(procs: Procs, broker: NatsServer, tmp_path: Path) -> TrothProcess:
+    """``troth serve`` on SQLite with ``--nats-url``, once it serves NATS requests."""
     server = TrothProcess(procs, "server")
     argv = [
         *[sys.executable, "-m", "troth.cli.main", "serve"],
@@ -68,6 +67,15 @@ def test_python_sdk_over_nats_runs_the_example(
     procs.wait_for(
         "troth to serve NATS requests", lambda: "serving requests on" in server.proc.err(), 15
     )
+    return server
+
+
+def test_python_sdk_over_nats_runs_the_example(
+    nats_sdk: PythonSdk, broker: NatsServer, sqlite_procs: Procs, tmp_path: Path
+) -> None:
+    procs = sqlite_procs
+    server = serve_with_nats(procs, broker, tmp_path)
+    assert server.proc is not None
     examples = str(SHARED_EXAMPLES)
     worker = procs.start(
         "worker", nats_sdk.program("nats_example.py", "worker", broker.url, examples)
@@ -88,4 +96,43 @@ def test_python_sdk_over_nats_runs_the_example(
     # The rpc fan-out ran on the worker: tasks were acquired by two pids.
     pids = set(re.findall(r"acquired task=\S+ version=\d+ pid=(\S+)", log))
     assert len(pids) >= 2, pids
+    assert " ERROR " not in log and "Traceback" not in log, log[-3000:]
+
+
+def test_http_and_nats_clients_on_one_troth_at_once(
+    nats_sdk: PythonSdk,
+    python_sdk: PythonSdk,
+    broker: NatsServer,
+    sqlite_procs: Procs,
+    tmp_path: Path,
+) -> None:
+    """Mixed: the example over NATS and the example over HTTP/SSE, client and worker
+    each, on one troth at the same time; both complete, each through its own network
+    (access lines with and without ``via=nats``)."""
+    procs = sqlite_procs
+    server = serve_with_nats(procs, broker, tmp_path)
+    assert server.proc is not None
+    examples = str(SHARED_EXAMPLES)
+    nats_worker = procs.start(
+        "nats-worker", nats_sdk.program("nats_example.py", "worker", broker.url, examples)
+    )
+    http_worker = procs.start(
+        "http-worker", python_sdk.program("example.py", "worker", "--url", server.url)
+    )
+    procs.wait_line(nats_worker, r"^worker listening", 30)
+    procs.wait_line(http_worker, r"^worker listening", 30)
+    nats_client = procs.start(
+        "nats-client", nats_sdk.program("nats_example.py", "client", broker.url, examples)
+    )
+    http_client = procs.start(
+        "http-client", python_sdk.program("example.py", "client", "--url", server.url)
+    )
+    for client in (nats_client, http_client):
+        procs.wait_exit(client, 120)
+        lines = client.out().splitlines()
+        assert lines[:-1] == EXAMPLE_PY, client.out() + client.err()
+    access = [line for line in server.proc.err().splitlines() if "troth.access" in line]
+    assert any("via=nats" in line for line in access)
+    assert any("via=nats" not in line for line in access)
+    log = server.proc.err()
     assert " ERROR " not in log and "Traceback" not in log, log[-3000:]
