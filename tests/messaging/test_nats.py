@@ -248,7 +248,9 @@ def test_auth_applies_to_nats_requests(tmp_path: Any, broker: NatsServer) -> Non
 
         assert call({"id": "a.1", "timeoutAt": FAR}, None)["head"]["status"] == 401
         assert call({"id": "a.1", "timeoutAt": FAR}, "not-a-token")["head"]["status"] == 401
-        tenant = jwt.encode({"exp": int(time.time()) + 600, "prefix": "a."}, KEY, algorithm="EdDSA")
+        tenant = jwt.encode(
+            {"exp": int(time.time()) + 86_400, "prefix": "a."}, KEY, algorithm="EdDSA"
+        )
         assert call({"id": "b.1", "timeoutAt": FAR}, tenant)["head"]["status"] == 403
         assert call({"id": "a.1", "timeoutAt": FAR}, tenant)["head"]["status"] == 200
 

@@ -52,7 +52,7 @@ _corr = itertools.count(1)
 QUESTION = base64.b64encode(json.dumps("ship it?").encode()).decode()
 
 
-def token(key: Any = KEY, alg: str = "EdDSA", expires: float = 600, **claims: Any) -> str:
+def token(key: Any = KEY, alg: str = "EdDSA", expires: float = 86_400, **claims: Any) -> str:
     return jwt.encode({"exp": int(time.time() + expires), **claims}, key, algorithm=alg)
 
 

@@ -44,7 +44,7 @@ def write_public(key: PrivateKey, path: Path) -> str:
 
 
 def claims(**extra: Any) -> dict[str, Any]:
-    return {"exp": int(time.time()) + 600, **extra}
+    return {"exp": int(time.time()) + 86_400, **extra}
 
 
 KEYS: dict[str, tuple[Any, list[str]]] = {

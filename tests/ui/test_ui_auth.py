@@ -38,7 +38,7 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LoggedSe
 
 
 def token(private: Path, **claims: Any) -> str:
-    return sign({"exp": int(time.time()) + 600, **claims}, str(private))
+    return sign({"exp": int(time.time()) + 86_400, **claims}, str(private))
 
 
 def test_the_page_is_open_its_data_is_not(secured: tuple[LoggedServer, Path]) -> None:

@@ -23,7 +23,9 @@ _corr = itertools.count(1)
 
 
 def token(key: Any = KEY, alg: str = "EdDSA", **claims: Any) -> str:
-    return jwt.encode({"exp": int(time.time()) + 600, **claims}, key, algorithm=alg)
+    """A token valid for a day: module-level tokens are minted at collection, and the
+    whole suite runs longer than ten minutes before this module's tests may."""
+    return jwt.encode({"exp": int(time.time()) + 86_400, **claims}, key, algorithm=alg)
 
 
 ADMIN = token(role="admin")

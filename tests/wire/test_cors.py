@@ -141,7 +141,7 @@ def test_preflight_needs_no_token_and_refusals_reach_the_page(tmp_path: Path) ->
         assert refused.status_code == 401 and refused.headers[ACAO] == UI
         r = poll_headers(srv, UI)
         assert r.status_code == 401 and r.headers[ACAO] == UI
-        admin = jwt.encode({"exp": int(time.time()) + 600, "role": "admin"}, key, "EdDSA")
+        admin = jwt.encode({"exp": int(time.time()) + 86_400, "role": "admin"}, key, "EdDSA")
         served = get_promise(srv, UI, authorization=f"Bearer {admin}")
         assert served.status_code == 404 and served.headers[ACAO] == UI
 

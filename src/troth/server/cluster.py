@@ -101,6 +101,7 @@ class Cluster:
         self._tasks: list[asyncio.Task[None]] = []
         self._listening = asyncio.Event()
         self.heard = 0  # notifications from other nodes (tests, diagnostics)
+        self.deadlines_heard = 0  # of which announced a deadline (hinted to the timer)
         self.reaped = 0  # claims of dead nodes moved to outcome_unknown
 
     # -- lifecycle --------------------------------------------------------------------
@@ -329,6 +330,7 @@ class Cluster:
         if deadline and deadline != "-":
             try:
                 self.engine.hint(int(deadline))
+                self.deadlines_heard += 1
             except ValueError:
                 log.warning("ignoring malformed notification %r", payload)
 
