@@ -490,3 +490,15 @@ class Procs:
     def close(self) -> None:
         for proc in self.all:
             proc.kill()
+
+
+@contextlib.contextmanager
+def children_of_test(workdir: Path) -> Iterator[Procs]:
+    """The child processes of one test, killed when it ends; their logs are printed
+    then, which pytest shows only for a failed test (the SDK tests' fixtures)."""
+    group = Procs(workdir)
+    try:
+        yield group
+    finally:
+        group.close()
+        print(f"\nlogs of this test: {group.logs}\n{group.report()}")

@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 
 from helpers.pg import throwaway_database
-from helpers.sdk_env import NodeSdk, Procs, PythonSdk, build_node_sdk, build_python_sdk
+from helpers.sdk_env import (
+    NodeSdk,
+    Procs,
+    PythonSdk,
+    build_node_sdk,
+    build_python_sdk,
+    children_of_test,
+)
 
 
 @pytest.fixture(scope="module")
@@ -42,9 +49,5 @@ def postgres_url(store: str) -> Iterator[str | None]:
 def procs(postgres_url: str | None, tmp_path: Path) -> Iterator[Procs]:
     """Children of one test, killed at teardown (before the database is dropped);
     their logs are printed then, which pytest shows only for a failed test."""
-    group = Procs(tmp_path)
-    try:
+    with children_of_test(tmp_path) as group:
         yield group
-    finally:
-        group.close()
-        print(f"\nlogs of this test: {group.logs}\n{group.report()}")

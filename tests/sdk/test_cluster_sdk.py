@@ -51,7 +51,6 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -183,18 +182,6 @@ def postgres_url() -> Iterator[str]:
     """A database of this test's own, dropped (connections and all) afterwards."""
     with throwaway_database("troth_cluster") as url:
         yield url
-
-
-@pytest.fixture
-def procs(postgres_url: str, tmp_path: Path) -> Iterator[Procs]:
-    """Children of one test, killed at teardown (before the database is dropped);
-    their logs are printed then, which pytest shows only for a failed test."""
-    group = Procs(tmp_path)
-    try:
-        yield group
-    finally:
-        group.close()
-        print(f"\nlogs of this test: {group.logs}\n{group.report()}")
 
 
 @dataclass

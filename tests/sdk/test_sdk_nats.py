@@ -24,6 +24,7 @@ from helpers.sdk_env import (
     Procs,
     PythonSdk,
     build_python_sdk,
+    children_of_test,
 )
 from helpers.troth_process import TrothProcess
 
@@ -45,12 +46,8 @@ def nats_sdk(broker: NatsServer) -> PythonSdk:
 
 @pytest.fixture
 def sqlite_procs(tmp_path: Path) -> Iterator[Procs]:
-    group = Procs(tmp_path)
-    try:
+    with children_of_test(tmp_path) as group:
         yield group
-    finally:
-        group.close()
-        print(f"\nlogs of this test: {group.logs}\n{group.report()}")
 
 
 def serve_with_nats(procs: Procs, broker: NatsServer, tmp_path: Path) -> TrothProcess:
