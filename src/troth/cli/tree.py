@@ -17,9 +17,8 @@ from troth.cli.remote import Remote, RemoteError
 from troth.cli.render import Renderer, paint
 from troth.ops.explain import function_in
 from troth.ops.times import relative
-from troth.protocol.records import TAG_ORIGIN, TAG_TARGET
+from troth.protocol.records import TAG_ORIGIN, TAG_PARENT, TAG_TARGET
 
-TAG_PARENT: Final = "resonate:parent"
 #: Settled siblings in a row beyond which the middle ones fold into one line.
 FOLD_AFTER: Final = 6
 PAGE: Final = 1000

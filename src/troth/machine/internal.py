@@ -30,6 +30,7 @@ from troth.machine.state import (
 from troth.machine.tx import Tx
 from troth.protocol.records import (
     PENDING,
+    TAG_PARENT,
     TAG_SCHEDULE,
     TAG_TARGET,
     Execute,
@@ -215,7 +216,7 @@ def r7_schedule(tx: Tx, id: str, now: int) -> None:
             tags = {
                 "resonate:origin": pid,
                 "resonate:branch": pid,
-                "resonate:parent": pid,
+                TAG_PARENT: pid,
                 **s.promise_tags,
                 TAG_SCHEDULE: s.id,
             }

@@ -30,12 +30,12 @@ from troth.protocol.records import (
     REJECTED_CANCELED,
     REJECTED_TIMEDOUT,
     RESOLVED,
+    TAG_PARENT,
     Promise,
     Task,
     TaskState,
 )
 
-TAG_PARENT: Final = "resonate:parent"
 #: Bounces of an episode from which a task counts as bouncing (the backoff's threshold).
 BOUNCING: Final = 3
 #: How deep the walk goes (a workflow awaiting itself in a cycle stops earlier).

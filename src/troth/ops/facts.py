@@ -14,7 +14,7 @@ from typing import Final
 
 from troth.outbox.rows import OutboxRow
 from troth.protocol.records import TAG_ORIGIN, Promise, Schedule, Task
-from troth.store.inspection import Inspection
+from troth.store.inspection import TREE_LIMIT, Inspection
 
 #: Outbox rows read per task (the count says "at least" past it).
 DELIVERIES_PER_TASK: Final = 50
@@ -53,7 +53,7 @@ def gather(ins: Inspection, id: str) -> Facts:
     # A promise awaited from outside its tree (a ctx.promise of another origin, a
     # promise created by a client) is not found by origin; the root's own subtree is
     # what the explanation walks, so only this workflow's promises are read.
-    facts.cut = len(tree) >= 5000
+    facts.cut = len(tree) >= TREE_LIMIT
     pending = [p for p in facts.promises.values() if p.pending][:MAX_PENDING]
     facts.cut = facts.cut or len(pending) == MAX_PENDING
     for p in pending:

@@ -61,6 +61,7 @@ TAG_DELAY: Final = "resonate:delay"
 TAG_BRANCH: Final = "resonate:branch"
 TAG_SCHEDULE: Final = "resonate:schedule"
 TAG_ORIGIN: Final = "resonate:origin"
+TAG_PARENT: Final = "resonate:parent"
 
 
 class Value(msgspec.Struct, frozen=True, omit_defaults=True):

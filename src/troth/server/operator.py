@@ -35,6 +35,7 @@ from troth.outbox.rows import RowState
 from troth.protocol.records import PROMISE_STATES
 from troth.server.bounces import BounceTracker
 from troth.store.base import Store
+from troth.store.inspection import TREE_LIMIT
 from troth.transport.poll import Registry
 
 #: Most rows one ``/ops/outbox`` page returns.
@@ -252,7 +253,7 @@ class OperatorApi:
         id = params.get("id")
         if not id:
             raise Refused(400, "tree needs ?id=<root promise id>")
-        limit = _int(params, "limit", 1000, 1, 5000)
+        limit = _int(params, "limit", 1000, 1, TREE_LIMIT)
 
         def read(ins: Any) -> tuple[list[Any], dict[str, Any]]:
             root = ins.promise(id)

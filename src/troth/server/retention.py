@@ -136,11 +136,9 @@ class RetentionLoop:
                 await asyncio.sleep(BETWEEN_BATCHES)
 
     async def _reclaim(self) -> None:
-        """SQLite: give freed pages back (a file made with incremental auto-vacuum)."""
-        reclaim = getattr(self.engine.store, "reclaim", None)
-        if reclaim is not None:
-            free = await self.engine.exclusive(lambda: reclaim(2000))
-            self.metrics.inc("troth_retention_passes_total")
-            log.debug("retention pass done; %d free pages left", free)
-        else:
-            self.metrics.inc("troth_retention_passes_total")
+        """The pass is over: give freed pages back (a SQLite file made with incremental
+        auto-vacuum; other stores have none to give)."""
+        store = self.engine.store
+        free = await self.engine.exclusive(lambda: store.reclaim(2000))
+        self.metrics.inc("troth_retention_passes_total")
+        log.debug("retention pass done; %d free pages left", free)

@@ -296,6 +296,11 @@ class Store(ABC):
         writer's connection where there is one writer (callers run it between
         batches), on a session of its own on PostgreSQL (row locks, skip-locked)."""
 
+    def reclaim(self, pages: int) -> int:
+        """Give up to ``pages`` free pages back to the file system; free pages left.
+        Only a SQLite file has pages to give back (retention calls it after a pass)."""
+        return 0
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources."""
 
