@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from troth.machine.core import handle, lock_keys, tick
+from troth.machine.core import READ_ONLY, handle, lock_keys, tick
 from troth.machine.internal import Config
 from troth.machine.state import Response
 from troth.protocol import requests as rq
@@ -37,6 +37,12 @@ T = TypeVar("T")
 #: Requests that only read one promise, task or schedule (the machine writes nothing
 #: for them: projection is computed, not stored).
 POINT_READS = (rq.PromiseGet, rq.TaskGet, rq.ScheduleGet)
+#: Threads that serve read-only requests off the writer (``Store.read_many``):
+#: searches on SQLite (which lets go of the GIL while it steps), every read on
+#: PostgreSQL.  Each takes every read waiting and answers them from one snapshot (as
+#: the writer batches writes: one BEGIN/COMMIT for many reads); two overlap one
+#: batch's round trips with the next one's.
+READ_THREADS = 2
 #: Most jobs one transaction takes.
 MAX_BATCH = 256
 #: Milliseconds before a timer on a shared store looks again at a due deadline that
@@ -103,6 +109,8 @@ class Engine:
         self.paused = False
         self._queue: queue.SimpleQueue[_Work | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        self._reads: queue.SimpleQueue[_Work | None] = queue.SimpleQueue()
+        self._readers: list[threading.Thread] = []
         self._timer: asyncio.Task[None] | None = None
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -115,12 +123,24 @@ class Engine:
         self._wake = asyncio.Event()
         self._thread = threading.Thread(target=self._writer, name="troth-writer", daemon=True)
         self._thread.start()
+        if self.store.pooled_reads:
+            self._readers = [
+                threading.Thread(target=self._reader, name=f"troth-read-{i}", daemon=True)
+                for i in range(READ_THREADS)
+            ]
+            for reader in self._readers:
+                reader.start()
         self._timer = asyncio.create_task(self._run_timer(), name="troth-timer")
 
     async def stop(self) -> None:
         """Stop the timer, let the writer finish what was queued, close the store."""
         await cancel_and_wait(self._timer)
         self._timer = None
+        readers, self._readers = self._readers, []
+        for _ in readers:
+            self._reads.put(None)
+        for reader in readers:
+            await asyncio.get_running_loop().run_in_executor(None, reader.join)
         if self._thread is not None:
             self._queue.put(None)
             await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
@@ -153,16 +173,26 @@ class Engine:
         return await fut
 
     async def request(self, req: rq.Req, now: int, head: dict[str, Any]) -> Response:
-        if isinstance(req, POINT_READS) and self.store.inline_reads:
-            # A point read touches nothing: served at once from the store's reader
-            # (docs/architecture.md, "Reads"), not queued behind the writer's batches.
-            try:
-                return self.store.read_inline(lambda tx: handle(tx, req, now, self.config, head))
-            except StoreUnavailable:
-                pass  # the reader would have to wait: the writer answers instead
-        return await self.run(
-            lambda tx: handle(tx, req, now, self.config, head), now, lock_keys(req)
-        )
+        def job(tx: Overlay) -> Response:
+            return handle(tx, req, now, self.config, head)
+
+        if type(req) in READ_ONLY:
+            # A read touches nothing: served off the writer (docs/architecture.md,
+            # "Reads"), not queued behind its batches of writes.
+            if isinstance(req, POINT_READS) and self.store.inline_reads:
+                try:
+                    return self.store.read_inline(job)
+                except StoreUnavailable:
+                    pass  # the reader would have to wait: the writer answers instead
+            elif self._readers:
+                loop = asyncio.get_running_loop()
+                fut: asyncio.Future[Outcome[Response]] = loop.create_future()
+                self._reads.put(_Work(Job(job, now, lock_keys(req)), None, fut, loop))
+                outcome = await fut
+                if outcome.error is not None:
+                    raise outcome.error
+                return outcome.value  # type: ignore[return-value]
+        return await self.run(job, now, lock_keys(req))
 
     async def release(
         self, req: rq.TaskRelease, now: int, head: dict[str, Any], delay_ms: int
@@ -233,6 +263,41 @@ class Engine:
                 works.append(nxt)
             if works:
                 self._run_batch(works)
+            if stop:
+                return
+
+    def _reader(self) -> None:
+        """A reader thread: every read waiting, answered from one read snapshot; when
+        the store cannot read right now, the writer answers them instead."""
+        while True:
+            first = self._reads.get()
+            if first is None:
+                return
+            works = [first]
+            stop = False
+            while len(works) < MAX_BATCH:
+                try:
+                    nxt = self._reads.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    stop = True
+                    break
+                works.append(nxt)
+            jobs = [w.job for w in works if w.job is not None]
+            try:
+                outcomes = self.store.read_many(jobs)
+            except StoreUnavailable as exc:
+                log.debug("reads go through the writer: %s", exc)
+                for w in works:
+                    self._queue.put(w)
+            except BaseException as exc:
+                log.exception("batch of %d reads failed", len(works))
+                failed = [(w.future, Outcome[Any](error=exc)) for w in works]
+                works[0].loop.call_soon_threadsafe(_deliver, failed)
+            else:
+                results = [(w.future, o) for w, o in zip(works, outcomes, strict=True)]
+                works[0].loop.call_soon_threadsafe(_deliver, results)
             if stop:
                 return
 

@@ -229,6 +229,24 @@ class StoreUnavailable(Exception):
     """The store cannot answer (503 at ``/ready`` and for a request)."""
 
 
+def read_only(
+    backend: Backend, job: Job[T], store_errors: tuple[type[Exception], ...]
+) -> Outcome[T]:
+    """Run a read-only ``job`` over ``backend`` (a read snapshot): its value or its own
+    exception; ``store_errors`` (the reader could not read) propagate, so the caller
+    hands the whole batch to the writer.  A job that writes is a bug, and its outcome."""
+    overlay = Overlay(backend)
+    try:
+        value = job.fn(overlay)
+    except store_errors:
+        raise
+    except Exception as exc:
+        return Outcome(error=exc)
+    if overlay.writes:
+        return Outcome(error=RuntimeError("a read-only job wrote"))
+    return Outcome(value=value)
+
+
 class Store(ABC):
     """A backend that can run batches of jobs in one transaction."""
 
@@ -282,6 +300,18 @@ class Store(ABC):
         """Run a read-only job at once on the calling thread, on a reader connection
         of its own, in one read transaction; raise :class:`StoreUnavailable` if the
         reader cannot read right now (the caller then goes through the writer)."""
+        raise NotImplementedError
+
+    #: Whether :meth:`read_many` serves read-only requests off the writer (a SQLite
+    #: file's WAL readers; PostgreSQL sessions that lock nothing).
+    pooled_reads: bool = False
+
+    def read_many(self, jobs: Sequence[Job[Any]]) -> list[Outcome[Any]]:
+        """Run read-only jobs on the calling thread (one of the engine's reader
+        threads), on a connection of that thread's own, in one read snapshot that locks
+        nothing and sees every commit made before it began; a job's exception is its
+        outcome.  Raise :class:`StoreUnavailable` when the store cannot read right now
+        (the caller then has the writer answer them)."""
         raise NotImplementedError
 
     @abstractmethod

@@ -31,6 +31,7 @@ from troth.store.postgres.session import (
     FlushFailed,
     Phantom,
     Unstorable,
+    has_nul,
     pipelined,
 )
 from troth.store.queries import load_queries
@@ -104,6 +105,8 @@ _PRELOCK: Final = {table: Q[f"prelock_{table}"] for table in TABLES}
 #: (looked up once here, not per read on the request path).
 _KIND: Final = {"promises": "promise", "tasks": "task", "schedules": "schedule"}
 _GET: Final = {table: Q[f"get_{_KIND[table]}"] for table in TABLES}
+#: The point reads of a backend that locks nothing (``locking=False``).
+_READ: Final = {table: Q[f"read_{_KIND[table]}"] for table in TABLES}
 _DUE: Final = {table: Q[f"due_{table}"] for table in ("promises", "tasks")}
 
 
@@ -171,8 +174,11 @@ class PostgresBackend(Backend):
     must not appear ("Absent rows lock nothing", docs/architecture.md).
     """
 
-    def __init__(self, cur: Cur, *, defer: bool = False) -> None:
+    def __init__(self, cur: Cur, *, defer: bool = False, locking: bool = True) -> None:
         self.cur = cur
+        #: Point reads lock their rows (a request's transaction), or not (a read-only
+        #: snapshot off the writer: ``PostgresStore.read_many``).
+        self._get = _GET if locking else _READ
         self.seen_promises: dict[str, bool] = {}
         self.seen_tasks: dict[str, bool] = {}
         self.seen_schedules: dict[str, bool] = {}
@@ -292,6 +298,27 @@ class PostgresBackend(Backend):
             self._seen(self.seen_tasks, "task", id, t is not None)
             self.tasks[id] = t
 
+    def preread(self, ids: Collection[str]) -> None:
+        """Read, in one round trip and locking nothing, the promises and tasks of
+        ``ids`` (a batch of reads off the writer); later point reads of them are served
+        from memory: in a REPEATABLE READ snapshot they cannot change."""
+        if not ids or has_nul(ids):
+            return
+        wanted = sorted(ids)
+        conn = self.cur.connection
+        with conn.cursor() as promises, conn.cursor() as tasks:
+            # As in prefetch: a primary-key lookup even while statistics lag.
+            with conn.pipeline():
+                self.cur.execute("SET LOCAL enable_seqscan = off")
+                promises.execute(Q["preread_promises"], (wanted,))
+                tasks.execute(Q["preread_tasks"], (wanted,))
+                self.cur.execute("SET LOCAL enable_seqscan = on")
+            found_p = {r[0]: CODEC.promise(r) for r in promises.fetchall()}
+            found_t = {r[0]: CODEC.task(r) for r in tasks.fetchall()}
+        for id in wanted:
+            self.promises[id] = found_p.get(id)
+            self.tasks[id] = found_t.get(id)
+
     #: Set by the store: the session's lock_timeout, restored after a prefetch.
     lock_timeout_ms = 50
 
@@ -311,7 +338,7 @@ class PostgresBackend(Backend):
             return held[id]
         self.flush()
         self.touched[table].add(id)
-        r = self.cur.execute(_GET[table], params).fetchone()
+        r = self.cur.execute(self._get[table], params).fetchone()
         self._seen(self.seen[table], _KIND[table], id, r is not None)
         found = None if r is None else decode(r)
         if held is not None:

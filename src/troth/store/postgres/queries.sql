@@ -17,6 +17,29 @@ SELECT id, state, version, ttl, pid, expires_at, retry_at, resumes FROM tasks WH
 SELECT id, cron, promise_id, promise_timeout, promise_param, promise_tags, created_at,
     next_run_at, last_run_at FROM schedules WHERE id = %s FOR UPDATE
 
+-- The same point reads for reads served off the writer (``PostgresStore.read_many``): in
+-- a READ ONLY snapshot, locking nothing, so a read never waits for a request's row.
+-- name: read_promise
+SELECT id, state, param, value, tags, timeout_at, created_at, settled_at, callbacks,
+    listeners FROM promises WHERE id = %s
+
+-- name: read_task
+SELECT id, state, version, ttl, pid, expires_at, retry_at, resumes FROM tasks WHERE id =
+    %(id)s
+
+-- name: read_schedule
+SELECT id, cron, promise_id, promise_timeout, promise_param, promise_tags, created_at,
+    next_run_at, last_run_at FROM schedules WHERE id = %s
+
+-- A batch of reads off the writer reads the rows its requests name in one round trip.
+-- name: preread_promises
+SELECT id, state, param, value, tags, timeout_at, created_at, settled_at, callbacks,
+    listeners FROM promises WHERE id = ANY(%b)
+
+-- name: preread_tasks
+SELECT id, state, version, ttl, pid, expires_at, retry_at, resumes FROM tasks WHERE id =
+    ANY(%b)
+
 -- name: insert_promise
 INSERT INTO promises (id, state, param, value, tags, timeout_at, created_at, settled_at,
     callbacks, listeners, external, branch, undrained, origin) VALUES (%s, %s, %s, %s, %s, %s,
