@@ -46,21 +46,17 @@ URL it was given, but it is what an operator sets behind a balancer.
 from __future__ import annotations
 
 import re
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
-import httpx
-import psycopg
 import pytest
 
+from helpers.cluster import Node, granted_twice, live_nodes, query, swarm_value, unsettled_claims
 from helpers.lb import LoadBalancer
 from helpers.pg import throwaway_database
 from helpers.sdk_env import Proc, Procs, PythonSdk, build_python_sdk
-from helpers.troth_process import TrothProcess
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -83,92 +79,13 @@ KILL_AFTER_STARTS = COUNT // 2
 #: Bound on the client program; an undisturbed run takes about 4 s.
 RUN_TIMEOUT = 60.0
 
-GRANT = re.compile(r"troth\.grants acquired task=(\S+) version=(\d+) pid=(\S+)")
-SERVER_ERROR = re.compile(r"troth\.access \S+ corrId=\S+ status=5\d\d")
 #: How the SDK logs a request that failed with a server error (5xx).
 SDK_SERVER_ERROR = re.compile(r"server error \(code=5\d\d\).*")
 
 
 def expected(i: int) -> int:
     """What ``swarm(i)`` returns (see recovery.py)."""
-    return i * i + sum((i + j) ** 2 for j in range(1, FAN + 1))
-
-
-@dataclass(frozen=True)
-class Grant:
-    node: str
-    task: str
-    version: int
-    pid: str
-    at: float  # seconds since the epoch, from the log line
-
-
-def _stamp(line: str) -> float:
-    """The time of a ``logging`` line (``2024-05-01 12:00:00,123 INFO ...``)."""
-    day, clock = line.split(" ", 2)[:2]
-    return time.mktime(time.strptime(f"{day} {clock[:8]}", "%Y-%m-%d %H:%M:%S")) + (
-        int(clock[9:12]) / 1000
-    )
-
-
-class Node(TrothProcess):
-    """One ``troth serve --store postgres`` process of the cluster."""
-
-    def __init__(self, procs: Procs, name: str, postgres_url: str) -> None:
-        super().__init__(procs, name)
-        self.postgres_url = postgres_url
-
-    def start(self, server_url: str) -> None:
-        """Start; ``server_url`` is what its execute messages tell workers."""
-        argv = [
-            *[sys.executable, "-m", "troth.cli.main", "serve"],
-            *["--host", "127.0.0.1", "--port", str(self.port)],
-            *["--store", "postgres", "--postgres-url", self.postgres_url],
-            *["--server-url", server_url, "--node-id", self.name],
-            *["--retry-timeout", str(RETRY_TIMEOUT_MS), "--log-level", "info"],
-        ]
-        self.proc = self.procs.start(self.name, argv)
-
-    def kill_at(self) -> float:
-        """SIGKILL it; the wall-clock instant of the kill."""
-        self.kill()
-        return time.time()
-
-    def sse_connections(self) -> int:
-        """The node's ``troth_sse_connections`` gauge (its open worker streams)."""
-        text = httpx.get(f"{self.url}/metrics", timeout=2).text
-        match = re.search(r"^troth_sse_connections(?:\{\})? (\S+)$", text, re.M)
-        assert match is not None, f"no troth_sse_connections in {self.name}'s metrics"
-        return int(float(match[1]))
-
-    def dispatch_outcomes(self) -> dict[str, int]:
-        """``troth_dispatch_total`` by outcome: the sends this node made."""
-        text = httpx.get(f"{self.url}/metrics", timeout=2).text
-        found = re.findall(r'^troth_dispatch_total\{outcome="(\w+)"\} (\S+)$', text, re.M)
-        return {outcome: int(float(n)) for outcome, n in found}
-
-    def grants(self) -> list[Grant]:
-        assert self.proc is not None
-        out = []
-        for line in self.proc.err().splitlines():
-            if m := GRANT.search(line):
-                out.append(Grant(self.name, m[1], int(m[2]), m[3], _stamp(line)))
-        return out
-
-    def problems(self) -> list[str]:
-        """Error-level lines and tracebacks in the node's log."""
-        assert self.proc is not None
-        bad: list[str] = []
-        lines = self.proc.err().splitlines()
-        for i, line in enumerate(lines):
-            if line.startswith("Traceback"):
-                last = next((x for x in lines[i + 1 :] if not x.startswith(" ")), "?")
-                bad.append(f"{self.name}: {line} ... {last}")
-            elif " ERROR " in line or " CRITICAL " in line or "Exception in" in line:
-                bad.append(f"{self.name}: {line}")
-            elif SERVER_ERROR.search(line):
-                bad.append(f"{self.name}: {line}")  # answered 5xx (logged as a warning)
-        return bad
+    return swarm_value(i, FAN)
 
 
 @pytest.fixture(scope="module")
@@ -198,7 +115,9 @@ def cluster(procs: Procs, postgres_url: str) -> Iterator[Cluster]:
     lb = LoadBalancer([nodes["n1"].port, nodes["n2"].port]).start()
     try:
         for node in nodes.values():
-            node.start(lb.url)  # all three at once: migrations must tolerate that
+            # all three at once: migrations must tolerate that; what their execute
+            # messages tell workers is the balancer's URL
+            node.start("--server-url", lb.url, retry_timeout_ms=RETRY_TIMEOUT_MS)
         procs.wait_for(
             "every node to answer GET /ready", lambda: all(n.ready() for n in nodes.values()), 30
         )
@@ -206,24 +125,6 @@ def cluster(procs: Procs, postgres_url: str) -> Iterator[Cluster]:
     finally:
         lb.stop()
         print(lb.describe())
-
-
-def query(postgres_url: str, sql: str, *args: object) -> list[tuple[Any, ...]]:
-    """Rows of one query on the cluster's database (to look at what the nodes left)."""
-    with psycopg.connect(postgres_url, autocommit=True, connect_timeout=5) as conn:
-        return conn.execute(sql, args).fetchall()
-
-
-def unsettled_claims(postgres_url: str, node: str) -> int:
-    """Outbox rows ``node`` claimed whose send is not settled: still ``dispatching``
-    (a claim nobody reaped) or ``outcome_unknown`` (reaped, not yet reconciled)."""
-    rows = query(
-        postgres_url,
-        "SELECT count(*) FROM outbox WHERE claimed_by = %s"
-        " AND state IN ('dispatching', 'outcome_unknown')",
-        node,
-    )
-    return int(rows[0][0])
 
 
 def started(workers: dict[str, Proc]) -> int:
@@ -329,8 +230,7 @@ def test_node_killed_mid_run(
 
     # -- a survivor declared the killed node dead: presence gone, claims reaped -----
     def declared_dead() -> bool:
-        alive = {r[0] for r in query(postgres_url, "SELECT node FROM nodes")}
-        return alive == {n.name for n in nodes.values() if n is not victim}
+        return live_nodes(postgres_url) == {n.name for n in nodes.values() if n is not victim}
 
     procs.wait_for(f"a survivor to declare {victim.name} dead (node_timeout)", declared_dead, 20)
     holders = query(postgres_url, "SELECT node, grp, pid FROM connections ORDER BY 1, 2, 3")
@@ -345,12 +245,7 @@ def test_node_killed_mid_run(
 
     # -- no task version granted twice, across all nodes -----------------------------
     grants = [g for n in nodes.values() for g in n.grants()]
-    twice = {k: c for k, c in Counter((g.task, g.version) for g in grants).items() if c > 1}
-    assert not twice, "granted twice: " + "; ".join(
-        f"{t} v{v}: "
-        + ", ".join(f"{g.node} pid={g.pid}" for g in grants if (g.task, g.version) == (t, v))
-        for t, v in twice
-    )
+    assert (twice := granted_twice(grants)) is None, twice
     per_node = Counter(g.node for g in grants)
     after_kill = [g for g in grants if g.node != victim.name and g.at >= killed_at - 0.01]
     assert per_node[victim.name] == grants_at_kill >= 1, per_node

@@ -373,3 +373,40 @@ def test_sdk_steps_skips_a_missing_sdk_with_how_to_install_it(tmp_path: Path) ->
     assert runs == []
     assert any("skipping the python SDK" in line and "pip install" in line for line in lines)
     assert any("skipping the typescript SDK" in line and "npm install" in line for line in lines)
+
+
+def test_the_nats_workloads_run_beside_the_http_ones(tmp_path: Path) -> None:
+    """create-settle-nats and lifecycle-nats against a nats-server the bench starts
+    itself: requests over troth's queue group, executes to ``nats://`` subjects; each
+    verifies itself and reports a positive rate beside its HTTP twin."""
+    from helpers.nats import require_binary
+
+    require_binary()  # skips, saying how to get it, without nats-server
+    out = io.StringIO()
+    names = ("create-settle", "create-settle-nats", "lifecycle-nats")
+    opts = replace(TINY, dir=str(tmp_path), scale=(), workloads=names)
+    report = runner.run(opts, out)
+    text = out.getvalue()
+    assert report.ok, text
+    assert [r.name for r in report.results] == list(names)
+    for r in report.results:
+        head = r.line(r.headline)
+        assert head is not None and head.count > 0 and (head.rate or 0) > 0, (r.name, text)
+        assert r.checks, r.name
+    lifecycle = report.results[-1]
+    assert any("acquired once and fulfilled once" in c for c in lifecycle.checks)
+    assert "nats-server" in text and "started by the bench" in text
+    assert report.settings["nats"].startswith("nats-server")
+
+
+def test_without_nats_server_the_nats_workloads_are_skipped_saying_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(runner, "find_binary", lambda: None)
+    out = io.StringIO()
+    opts = replace(TINY, dir=str(tmp_path), scale=(), workloads=("create-settle", "lifecycle-nats"))
+    report = runner.run(opts, out)
+    text = out.getvalue()
+    assert report.ok, text
+    assert [r.name for r in report.results] == ["create-settle"]
+    assert "skipping lifecycle-nats: nats-server not found" in text

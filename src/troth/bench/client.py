@@ -46,6 +46,11 @@ class Client:
         self.name = name
         self.reconnects = 0
 
+    @property
+    def read_at(self) -> float:
+        """When the latest reply's bytes reached this process (``perf_counter``)."""
+        return self.conn.read_at
+
     @classmethod
     async def open(cls, host: str, port: int, name: str) -> Client:
         return cls(await HttpConnection.open(host, port), name)

@@ -14,6 +14,11 @@ WORKLOADS = ("create-settle", "lifecycle", "fanout", "reads", "timers", "heartbe
 #: Workloads run only when named: ``sdk-steps`` needs the published SDKs, which are
 #: not troth's dependencies, and starts servers of its own (troth.bench.sdk_steps).
 NAMED_ONLY = ("sdk-steps",)
+#: The HTTP workload of the same name with requests over troth's NATS queue group
+#: (and, for lifecycle, executes delivered to ``nats://`` subjects): run only when
+#: named, beside the HTTP ones; the bench starts its own nats-server for them
+#: (troth.bench.nats), or skips them saying why when there is none.
+NATS_WORKLOADS = ("create-settle-nats", "lifecycle-nats")
 SDKS = ("python", "typescript")
 SDK_STORES = ("sqlite", "memory", "postgres")
 PEERS = ("pgqueuer",)
@@ -61,6 +66,9 @@ class Options:
     steps: int = 300  # sdk-steps: sequential ctx.run steps of the measured workflow
     sdks: tuple[str, ...] = SDKS  # sdk-steps: which SDKs
     sdk_stores: tuple[str, ...] = SDK_STORES  # sdk-steps: troth's stores to run them against
+    #: The NATS the server of ``--url`` uses, for the NATS workloads; None: the bench
+    #: starts a nats-server of its own (and gives its servers ``--nats-url``).
+    nats_url: str | None = None
 
 
 def _names(what: str, choices: Sequence[str]) -> Callable[[str], tuple[str, ...]]:
@@ -76,7 +84,7 @@ def _names(what: str, choices: Sequence[str]) -> Callable[[str], tuple[str, ...]
     return parse
 
 
-_workloads = _names("workload", WORKLOADS + NAMED_ONLY)
+_workloads = _names("workload", WORKLOADS + NAMED_ONLY + NATS_WORKLOADS)
 _sdks = _names("SDK", SDKS)
 _sdk_stores = _names("store", SDK_STORES)
 _peers = _names("peer", PEERS)
@@ -169,7 +177,14 @@ def add_bench_flags(p: argparse.ArgumentParser) -> None:
         type=_workloads,
         default=d.workloads,
         help=f"comma-separated subset of {','.join(WORKLOADS)} ('' for none: --scale only);"
-        f" also {','.join(NAMED_ONLY)} (only when named: the published SDKs' step latency)",
+        f" also {','.join(NAMED_ONLY)} (only when named: the published SDKs' step latency)"
+        f" and {','.join(NATS_WORKLOADS)} (only when named: requests and delivery over NATS,"
+        " with a nats-server the bench starts)",
+    )
+    p.add_argument(
+        "--nats-url",
+        help="with --url: the NATS that server uses (its nats_url), for the NATS workloads"
+        " (default: the bench starts its own nats-server and its servers use it)",
     )
     p.add_argument(
         "--steps", type=int, default=d.steps, help="sdk-steps: steps of the workflow (300)"
@@ -244,6 +259,7 @@ def options_from(args: argparse.Namespace) -> Options:
         steps=args.steps,
         sdks=args.sdks,
         sdk_stores=args.sdk_stores,
+        nats_url=args.nats_url,
     )
 
 

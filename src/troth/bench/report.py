@@ -12,7 +12,14 @@ from troth.bench.results import Limits, Result, ScalePoint, Series
 MB = 1024 * 1024
 
 #: Workloads whose every request writes (ratios to the SQLite ceilings make sense).
-WRITES = {"create-settle", "lifecycle", "fanout", "heartbeat"}
+WRITES = {
+    "create-settle",
+    "lifecycle",
+    "fanout",
+    "heartbeat",
+    "create-settle-nats",
+    "lifecycle-nats",
+}
 
 
 def ms(v: float | None) -> str:

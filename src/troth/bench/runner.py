@@ -33,7 +33,14 @@ from troth.bench.client import BenchFailure, Client
 from troth.bench.http import split_url
 from troth.bench.limits import http_limit, sqlite_limits
 from troth.bench.measure import DbPids, rss_bytes, wait_quiet
-from troth.bench.options import Options, add_bench_flags, options_from, problems
+from troth.bench.nats import HOW_TO_GET, NatsRequests, NatsServerProcess, find_binary
+from troth.bench.options import (
+    NATS_WORKLOADS,
+    Options,
+    add_bench_flags,
+    options_from,
+    problems,
+)
 from troth.bench.pg import (
     backend_pids,
     database_size,
@@ -169,6 +176,7 @@ def describe(opts: Options, workdir: Path) -> dict[str, Any]:
         "postgres": postgres,
         "nodes": list(opts.nodes) if opts.store == "postgres" else [1],
         "peers": list(opts.peers),
+        "nats": "-",  # filled in when the NATS workloads run
     }
 
 
@@ -204,6 +212,8 @@ def settings_lines(s: dict[str, Any]) -> list[str]:
     ]
     if s.get("postgres", "-") != "-":
         lines.insert(4, f"  database: {s['postgres']}")
+    if s.get("nats", "-") != "-":
+        lines.append(f"  nats:     {s['nats']}")
     return lines
 
 
@@ -222,6 +232,10 @@ class Bench:
         #: local cluster): the probes, the peers, and the runs without --postgres-url.
         self.pg_base = opts.postgres_url or opts.postgres_admin
         self.report = Report(describe(opts, self.workdir))
+        #: The NATS of the NATS workloads (None: none asked for, or none to be had),
+        #: and the nats-server the bench started for them.
+        self.nats_url: str | None = None
+        self.nats_server: NatsServerProcess | None = None
 
     def say(self, *lines: str) -> None:
         for line in lines:
@@ -247,6 +261,7 @@ class Bench:
         if steps and not (opts.workloads or opts.scale or opts.peers):
             await self.sdk_steps()  # the limits mean nothing to it: not measured
             return self.report
+        opts = self.opts = self.with_nats(opts)
         limits = self.report.limits
         await self.quiet("the limits")
         if opts.store == "postgres":
@@ -308,6 +323,44 @@ class Bench:
             Path(opts.json).write_text(json.dumps(self.report.to_json(), indent=2))
         return self.report
 
+    def with_nats(self, opts: Options) -> Options:
+        """Start a nats-server for the NATS workloads (or take ``--nats-url`` with
+        ``--url``); without one, drop them from the run, saying why."""
+        wanted = [w for w in opts.workloads if w in NATS_WORKLOADS]
+        if not wanted:
+            return opts
+        why = None
+        if opts.url:
+            if opts.nats_url:
+                self.nats_url = opts.nats_url
+                self.report.settings["nats"] = f"{opts.nats_url} (the server's own)"
+            else:
+                why = "--url without --nats-url (the NATS that server uses)"
+        elif (binary := find_binary()) is None:
+            why = HOW_TO_GET
+        else:
+            server = NatsServerProcess(binary, self.workdir)
+            try:
+                server.start()
+            except RuntimeError as exc:
+                why = str(exc)
+            else:
+                self.nats_server, self.nats_url = server, server.url
+                self.report.settings["nats"] = (
+                    f"{server.version()} at {server.url}, started by the bench (core NATS);"
+                    " troth serve --nats-url; requests with a Resonate-Reply-To inbox, as"
+                    " the SDKs' NATS connector sends them"
+                )
+        if why is None:
+            self.say(*settings_lines(self.report.settings)[-1:], "")
+            return opts
+        self.say(f"skipping {', '.join(wanted)}: {why}", "")
+        return replace(opts, workloads=tuple(w for w in opts.workloads if w not in wanted))
+
+    def nats_flags(self) -> list[str]:
+        """What the servers the bench starts are given for NATS."""
+        return ["--nats-url", self.nats_url] if self.nats_url and not self.opts.url else []
+
     async def sdk_steps(self) -> None:
         """The published SDKs' step latency (``troth.bench.sdk_steps``)."""
         opts = self.opts
@@ -359,6 +412,7 @@ class Bench:
                 self.workdir / "troth.db",
                 synchronous=opts.synchronous,
                 store=opts.store,
+                extra=self.nats_flags(),
             )
             await self.on_servers([server], None, self.run_id, "")
             return
@@ -378,6 +432,7 @@ class Bench:
                 self.workdir / "unused.db",
                 synchronous=self.opts.synchronous,
                 postgres_url=url,
+                extra=self.nats_flags(),
             )
             for k in range(nodes)
         ]
@@ -454,6 +509,11 @@ class Bench:
             nodes=nodes,
             db_pids=db_pids,
         )
+        wanted = names or opts.workloads
+        if self.nats_url and any(w in NATS_WORKLOADS for w in wanted):
+            ctx.nats_url = self.nats_url
+            ctx.nats_requests = await NatsRequests.connect(self.nats_url)
+            await ctx.nats_requests.ready(30.0)
         profiler = None
         first = pid[0] if isinstance(pid, list) else pid
         if opts.profile and first is not None:
@@ -483,6 +543,8 @@ class Bench:
         finally:
             for c in [*clients, *ctx.extra, spare]:
                 c.close()
+            if ctx.nats_requests is not None:
+                await ctx.nats_requests.close()
         return results
 
     async def scale_point(self, count: int) -> ScalePoint:
@@ -561,6 +623,8 @@ class Bench:
         self.say(*result_lines(result, self.report.limits), "")
 
     def cleanup(self) -> None:
+        if self.nats_server is not None:
+            self.nats_server.stop()
         if self.owned_dir and not self.opts.keep:
             shutil.rmtree(self.workdir, ignore_errors=True)
 

@@ -19,7 +19,7 @@ import random
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import msgspec
@@ -34,6 +34,7 @@ from troth.bench.client import (
 )
 from troth.bench.http import HttpConnection, SseConnection
 from troth.bench.measure import DbPids, Probe, Recorder, Samples, Window
+from troth.bench.nats import RECV, NatsClient, NatsRequests
 from troth.bench.options import Options
 from troth.bench.results import Result, Series
 
@@ -63,6 +64,9 @@ class Ctx:
     extra: list[Client] = field(default_factory=list)
     nodes: list[tuple[str, int]] = field(default_factory=list)
     db_pids: DbPids | None = None  # PostgreSQL's processes, charged to the run
+    #: The NATS the servers use, and the connection the NATS workloads' requests share.
+    nats_url: str | None = None
+    nats_requests: NatsRequests | None = None
 
     def __post_init__(self) -> None:
         if not self.nodes:
@@ -221,7 +225,7 @@ def finish(
 
 async def timed(c: Client, rec: Recorder, kind: str, data: Any, expect: int = 200) -> Any:
     body, seconds = await c.ok(kind, data, expect)
-    finished = c.conn.read_at
+    finished = c.read_at
     rec.add(kind, seconds, finished)
     rec.add("requests", seconds, finished)
     return body
@@ -249,14 +253,18 @@ _decode_execute = msgspec.json.Decoder(_ExecuteData).decode
 
 
 class WorkerPool:
-    """SSE worker connections of one group.  Each ``execute`` goes to the waiter for
-    its ``(task id, version)``; one nobody waits for (a duplicate) is acquired at once
-    by the spare client, as a real worker would try, and that acquisition must fail."""
+    """SSE worker connections of one group (or, ``nats``, subscriptions to the group's
+    anycast subject in the group's NATS queue group, as the SDKs' NATS connector
+    subscribes).  Each ``execute`` goes to the waiter for its ``(task id, version)``;
+    one nobody waits for (a duplicate) is acquired at once by the spare client, as a
+    real worker would try, and that acquisition must fail."""
 
-    def __init__(self, ctx: Ctx, group: str, count: int) -> None:
+    def __init__(self, ctx: Ctx, group: str, count: int, *, nats: bool = False) -> None:
         self.ctx = ctx
         self.group = group
         self.count = count
+        self.nats = nats
+        self.nc: Any = None  # the workers' NATS connection
         self.conns: list[SseConnection] = []
         self.waiting: dict[tuple[str, int], asyncio.Future[tuple[float, str]]] = {}
         self.strays: list[tuple[str, int]] = []
@@ -267,9 +275,14 @@ class WorkerPool:
 
     @property
     def target(self) -> str:
+        if self.nats:
+            return f"nats://{RECV}.{self.group}"
         return f"poll://any@{self.group}"
 
     async def open(self) -> None:
+        if self.nats:
+            await self._subscribe()
+            return
         for j in range(self.count):
             name = f"w{j}"
             host, port = self.ctx.node(j)
@@ -280,6 +293,24 @@ class WorkerPool:
                 functools.partial(self.on_message, name=name),
             )
             self.conns.append(conn)
+
+    async def _subscribe(self) -> None:
+        """``count`` queue subscriptions to ``{RECV}.{group}`` on one connection of the
+        workers' own (NATS hands each message to one of them)."""
+        import nats
+
+        if self.ctx.nats_url is None:
+            raise BenchFailure("NATS workers need the run's NATS (no nats_url)")
+        self.nc = await nats.connect(self.ctx.nats_url, name="troth bench workers")
+        subject = f"{RECV}.{self.group}"
+        for j in range(self.count):
+            name = f"w{j}"
+
+            async def receive(msg: Any, name: str = name) -> None:
+                self.on_message(msg.data, time.perf_counter(), name=name)
+
+            await self.nc.subscribe(subject, queue=self.group, cb=receive)
+        await self.nc.flush()
 
     def expect(self, id: str, version: int) -> asyncio.Future[tuple[float, str]]:
         fut: asyncio.Future[tuple[float, str]] = asyncio.get_running_loop().create_future()
@@ -321,6 +352,8 @@ class WorkerPool:
             await asyncio.gather(*self._checks)
         for c in self.conns:
             c.close()
+        if self.nc is not None:
+            await self.nc.close()
 
     def check(self) -> list[str]:
         """Fail on an acquisition granted twice; report duplicates that were refused."""
@@ -398,16 +431,17 @@ def settle_action(id: str) -> dict[str, Any]:
 # -- create-settle ------------------------------------------------------------------------
 
 
-async def create_settle(ctx: Ctx) -> Result:
+async def create_settle(ctx: Ctx, name: str = "create-settle") -> Result:
     """``promise.create`` then ``promise.settle`` of unique ids: the plain write path."""
-    tag = ctx.tag("create-settle")
+    tag = ctx.tag(name)
+    infix = "cs" if name == "create-settle" else "csn"
     made = [0] * len(ctx.clients)
 
     async def body(window: Window, rec: Recorder) -> None:
         async def client(i: int, c: Client) -> None:
             n = 0
             while window.running:
-                id = f"{ctx.run}-cs-{i}-{n}"
+                id = f"{ctx.run}-{infix}-{i}-{n}"
                 n += 1
                 data = {
                     "id": id,
@@ -426,15 +460,15 @@ async def create_settle(ctx: Ctx) -> Result:
 
         await asyncio.gather(*(client(i, c) for i, c in enumerate(ctx.clients)))
 
-    rec, probe = await measured(ctx, "create-settle", body)
+    rec, probe = await measured(ctx, name, body)
     result = finish(
-        "create-settle",
+        name,
         "requests",
         rec,
         probe,
         [("requests", "req"), ("promise.create", "req"), ("promise.settle", "req")],
     )
-    result.checks.append(await expect_census(ctx, "create-settle", "resolved", sum(made)))
+    result.checks.append(await expect_census(ctx, name, "resolved", sum(made)))
     return result
 
 
@@ -480,10 +514,12 @@ async def reads_of(ctx: Ctx, ids: Sequence[str], state: str) -> Result:
 # -- lifecycle ----------------------------------------------------------------------------------
 
 
-async def lifecycle(ctx: Ctx) -> Result:
-    """Targeted ``promise.create`` → ``execute`` over SSE → ``task.acquire`` → ``task.fulfill``."""
-    tag = ctx.tag("lifecycle")
-    pool = WorkerPool(ctx, f"{ctx.run}-lc", ctx.opts.workers)
+async def lifecycle(ctx: Ctx, name: str = "lifecycle", *, nats: bool = False) -> Result:
+    """Targeted ``promise.create`` → ``execute`` over SSE (``nats``: published to the
+    workers' NATS subject) → ``task.acquire`` → ``task.fulfill``."""
+    tag = ctx.tag(name)
+    infix = "lcn" if nats else "lc"
+    pool = WorkerPool(ctx, f"{ctx.run}-{infix}", ctx.opts.workers, nats=nats)
     await pool.open()
     ledger = Ledger()
     made = [0] * len(ctx.clients)
@@ -492,12 +528,12 @@ async def lifecycle(ctx: Ctx) -> Result:
         async def client(i: int, c: Client) -> None:
             n = 0
             while window.running:
-                id = f"{ctx.run}-lc-{i}-{n}"
+                id = f"{ctx.run}-{infix}-{i}-{n}"
                 n += 1
                 started = time.perf_counter()
                 fut = pool.expect(id, 0)
                 await create_targeted(c, rec, id, n, tag, pool.target)
-                answered = c.conn.read_at
+                answered = c.read_at
                 made[i] = n
                 read_at, pid = await pool.wait(fut, id)
                 rec.add("dispatch", read_at - answered, read_at)
@@ -508,9 +544,9 @@ async def lifecycle(ctx: Ctx) -> Result:
 
         await asyncio.gather(*(client(i, c) for i, c in enumerate(ctx.clients)))
 
-    rec, probe = await measured_with(ctx, "lifecycle", body, pool)
+    rec, probe = await measured_with(ctx, name, body, pool)
     result = finish(
-        "lifecycle",
+        name,
         "tasks",
         rec,
         probe,
@@ -519,12 +555,15 @@ async def lifecycle(ctx: Ctx) -> Result:
     )
     total = sum(made)
     if len(ledger.fulfilled) != total:
-        raise BenchFailure(f"lifecycle: {total} created, {len(ledger.fulfilled)} fulfilled")
-    result.checks.append(await expect_census(ctx, "lifecycle", "resolved", total))
+        raise BenchFailure(f"{name}: {total} created, {len(ledger.fulfilled)} fulfilled")
+    result.checks.append(await expect_census(ctx, name, "resolved", total))
     result.checks.append(f"{total:,} tasks acquired once and fulfilled once")
     result.checks += pool.check()
     result.notes.append(
         "dispatch = create answer read → execute read by the worker (both at the socket)"
+        if not nats
+        else "dispatch = create answer handed to the client → execute handed to the worker"
+        " (both by nats-py's callbacks)"
     )
     return result
 
@@ -787,7 +826,7 @@ async def heartbeat(ctx: Ctx) -> Result:
             data = {"pid": pid, "tasks": [{"id": id, "version": 1} for id in owned[pid]]}
             while window.running:
                 await timed(c, rec, "task.heartbeat", data)
-                rec.add(pid, 0.0, c.conn.read_at)
+                rec.add(pid, 0.0, c.read_at)
 
         await asyncio.gather(*(worker(c, pid) for c, pid in zip(conns, workers, strict=True)))
 
@@ -842,9 +881,23 @@ async def heartbeat(ctx: Ctx) -> Result:
     return result
 
 
+def over_nats(ctx: Ctx) -> Ctx:
+    """``ctx`` with its N clients sending over NATS (verification stays on HTTP)."""
+    if ctx.nats_requests is None:
+        raise BenchFailure("the NATS workloads need the run's NATS connection")
+    requests = ctx.nats_requests
+    timeout = ctx.opts.op_timeout
+    clients: list[Client] = [
+        NatsClient(requests, f"{ctx.run}-n{i}", timeout) for i in range(len(ctx.clients))
+    ]
+    return replace(ctx, clients=clients, extra=[])
+
+
 RUNNERS: dict[str, Callable[[Ctx], Awaitable[Result]]] = {
     "create-settle": create_settle,
     "lifecycle": lifecycle,
+    "create-settle-nats": lambda ctx: create_settle(over_nats(ctx), "create-settle-nats"),
+    "lifecycle-nats": lambda ctx: lifecycle(over_nats(ctx), "lifecycle-nats", nats=True),
     "fanout": fanout,
     "reads": reads,
     "timers": timers,

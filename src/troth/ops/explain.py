@@ -24,7 +24,7 @@ from troth.ops.times import instant, relative, span
 from troth.ops.workers import ClusterView
 from troth.outbox import codes
 from troth.outbox.rows import OutboxRow, RowState
-from troth.protocol.address import parse_poll
+from troth.protocol.address import nats_subject, parse_poll
 from troth.protocol.records import (
     REJECTED,
     REJECTED_CANCELED,
@@ -326,6 +326,9 @@ class _Walker:
         ]
         delivered = any(r.state == RowState.COMPLETED for r in finished)
         if finished and finished[0].state == RowState.FAILED:
+            if finished[0].last_code == codes.NATS_OFF:
+                self.nats_off(finished[0], t, f, head, sent)
+                return
             f.reason = "delivery_failed"
             f.text = (
                 f"{head}; {sent}; delivery failed permanently "
@@ -343,8 +346,12 @@ class _Walker:
                 f.text += f"; next execute held until {instant(episode.due_at, self.now)}"
             f.evidence["bounces"] = episode.count
             return
-        poll = parse_poll(address)
         retry = f"; next execute {relative(t.retry_at, self.now)}" if t.retry_at is not None else ""
+        subject = nats_subject(address)
+        if subject is not None:
+            self.nats(latest, subject, f, head, sent, delivered, retry)
+            return
+        poll = parse_poll(address)
         if poll is None:
             f.reason = "delivering"
             f.text = f"{head}; {sent}, last outcome: {outcome(latest)}{retry}"
@@ -380,6 +387,81 @@ class _Walker:
         else:
             f.text += f"; last outcome: {outcome(latest)}"
         f.text += retry
+
+    # -- nats:// ---------------------------------------------------------------------
+
+    def nats(
+        self,
+        latest: OutboxRow,
+        subject: str,
+        f: Finding,
+        head: str,
+        sent: str,
+        delivered: bool,
+        retry: str,
+    ) -> None:
+        """A task whose executes go to a NATS subject.  NATS keeps no list of who
+        subscribes, so what troth knows is what its last publish met: "no responders"
+        (nobody subscribed), no connection, or a subscriber that took it."""
+        f.evidence["subject"] = subject
+        f.evidence["nats"] = self.view.nats
+        code = latest.last_code
+        attempt = (
+            f"last attempt {relative(latest.updated_at, self.now)}: {outcome(latest)}"
+            if code is not None
+            else ""
+        )
+        undelivered = "none delivered" if not delivered else "the last ones undelivered"
+        if code == codes.NATS_NO_RESPONDERS:
+            f.reason = "no_worker"
+            f.text = (
+                f"{head}; {sent}, {undelivered}: no worker subscribed to nats subject "
+                f"`{subject}` (last attempt {relative(latest.updated_at, self.now)}: "
+                f"no responders){retry}"
+            )
+        elif self.view.nats == "off" and latest.state != RowState.COMPLETED:
+            f.reason = "undeliverable"
+            f.text = (
+                f"{head}; {sent}: undeliverable by this node, which has no NATS "
+                f"(no nats_url); only a node with nats_url can publish to `{subject}`{retry}"
+            )
+        elif code == codes.NATS_DISCONNECTED or (
+            self.view.nats == "disconnected" and latest.state != RowState.COMPLETED
+        ):
+            f.reason = "nats_disconnected"
+            f.text = (
+                f"{head}; {sent}, {undelivered}: troth is not connected to NATS, so nothing "
+                f"reaches nats subject `{subject}`" + (f" ({attempt})" if attempt else "") + retry
+            )
+        elif latest.state == RowState.COMPLETED:
+            f.reason = "delivering"
+            f.text = (
+                f"{head}; {sent}; the last execute was published to nats subject `{subject}` "
+                f"{relative(latest.updated_at, self.now)}, where a subscriber took it, "
+                f"and no worker acquired it{retry}"
+            )
+        else:
+            f.reason = "delivering"
+            f.text = f"{head}; {sent} (nats subject `{subject}`), last outcome: {outcome(latest)}"
+            f.text += retry
+
+    def nats_off(self, row: OutboxRow, t: Task, f: Finding, head: str, sent: str) -> None:
+        """A ``nats://`` execute failed for good: the node that took it has no NATS.
+        The retry timer re-emits the execute; a node with ``nats_url`` delivers it."""
+        subject = nats_subject(row.address) or row.address
+        f.reason = "undeliverable"
+        f.evidence["subject"] = subject
+        f.evidence["nats"] = self.view.nats
+        f.text = (
+            f"{head}; {sent}; undeliverable: NATS is not configured (no nats_url) on the node "
+            f"that took it, so nothing was published to nats subject `{subject}` "
+            f"(failed {relative(row.updated_at, self.now)})"
+        )
+        if t.retry_at is not None:
+            f.text += (
+                f"; the next execute {relative(t.retry_at, self.now)} is delivered only "
+                "by a node with nats_url"
+            )
 
 
 def outcome(row: OutboxRow) -> str:

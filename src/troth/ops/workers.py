@@ -44,6 +44,9 @@ class ClusterView:
     #: Since when ``last_seen`` remembers (one node: since it started; None: the
     #: database keeps it across restarts).
     remembers_since: int | None = None
+    #: The answering node's NATS connection (``nats://`` deliveries): ``off`` (no
+    #: ``nats_url``), ``connected`` or ``disconnected``; None when not told.
+    nats: str | None = None
 
     def connected(self, group: str, pid: str | None = None) -> list[WorkerInfo]:
         """Connections of a group (case-insensitive, as poll groups are), or of one pid

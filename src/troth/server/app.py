@@ -158,6 +158,7 @@ class App:
             node=node or settings.node_id or "local",
             url=settings.url,
             cluster_view=view,
+            nats_state=nats_state(nats),
         )
         self.retention = retention
         self.dashboard = Dashboard() if settings.ui else None  # GET /ui (troth/ui)
@@ -625,3 +626,10 @@ async def refuse(send: Send, denied: Denied) -> None:
     """A 401 or 403 outside the envelope (``/poll``, operator paths)."""
     extra = [(b"www-authenticate", b"Bearer")] if denied.status == 401 else None
     await send_bytes(send, denied.status, _json.encode({"error": denied.message}), extra)
+
+
+def nats_state(link: NatsLink | None) -> Callable[[], str]:
+    """This node's NATS connection in a word, as ``troth explain`` reasons with it."""
+    if link is None:
+        return lambda: "off"
+    return lambda: "connected" if link.connected else "disconnected"

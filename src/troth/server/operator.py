@@ -69,6 +69,7 @@ class OperatorApi:
         node: str,
         url: str,
         cluster_view: Callable[[], Any] | None = None,
+        nats_state: Callable[[], str] | None = None,
     ) -> None:
         self.store = store
         self.registry = registry
@@ -79,6 +80,8 @@ class OperatorApi:
         self.started_at = clock()
         #: Several nodes: ``Cluster.view`` (an awaitable ClusterView).
         self.cluster_view = cluster_view
+        #: This node's NATS connection in a word (``ClusterView.nats``), for explain.
+        self.nats_state = nats_state or (lambda: "off")
         self._counts: tuple[float, dict[str, Any]] | None = None
         self.routes: dict[str, Callable[[dict[str, str]], Any]] = {
             "/ops/explain": self.explain,
@@ -107,9 +110,11 @@ class OperatorApi:
     async def view(self) -> ClusterView:
         if self.cluster_view is not None:
             view: ClusterView = await self.cluster_view()
-            return view
-        now = self.clock()
-        return local_view(self.registry, self.node, self.url, self.started_at, now)
+        else:
+            now = self.clock()
+            view = local_view(self.registry, self.node, self.url, self.started_at, now)
+        view.nats = self.nats_state()
+        return view
 
     # -- routes -----------------------------------------------------------------------
 
