@@ -85,6 +85,9 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--nats-url", help="NATS server(s): serve requests and deliver nats:// (off)")
     p.add_argument("--nats-prefix", help="subject prefix: requests on PREFIX.requests.> (resonate)")
+    p.add_argument(
+        "--workers", type=int, help="processes on one port, each a node (postgres; default 1)"
+    )
 
 
 def settings_from(args: argparse.Namespace, base: Settings | None = None) -> Settings:
@@ -130,6 +133,7 @@ def settings_from(args: argparse.Namespace, base: Settings | None = None) -> Set
         "ui": args.ui,
         "nats_url": args.nats_url,
         "nats_prefix": args.nats_prefix,
+        "workers": args.workers,
     }
     return load(overrides, toml_path=args.config, base=base)
 

@@ -77,6 +77,7 @@ class Settings:
     ui: bool = True  # the dashboard at GET /ui (static files; its data needs admin with auth)
     nats_url: str = ""  # nats://host:4222 (comma-separated for several): NATS ingress + nats://
     nats_prefix: str = "resonate"  # requests arrive on {nats_prefix}.requests.>
+    workers: int = 1  # processes serving one port, each a node (postgres; server/workers.py)
 
     def __post_init__(self) -> None:
         if self.store not in ("memory", "sqlite", "postgres"):
@@ -131,6 +132,12 @@ class Settings:
             raise ConfigError(
                 f"nats_prefix must be a NATS subject without wildcards, not {self.nats_prefix!r}"
             )
+        if self.workers < 1:
+            raise ConfigError(f"workers must be >= 1, not {self.workers}")
+        if self.workers > 1 and self.store != "postgres":
+            # One SQLite file has one writer (and a memory store one process): more
+            # processes would only queue for its lock, or each hold a store of its own.
+            raise ConfigError("workers > 1 needs store postgres (each process is a node)")
         if self.log_level.lower() not in ("debug", "info", "warning", "error", "critical"):
             raise ConfigError(f"unknown log_level {self.log_level!r}")
 

@@ -8,6 +8,7 @@ was queued before the store closes.
 from __future__ import annotations
 
 import logging
+import socket
 import ssl
 import sys
 from collections.abc import Callable
@@ -156,6 +157,27 @@ def configure_logging(settings: Settings) -> None:
 
 
 def serve(settings: Settings) -> int:
+    """``troth serve``: one process, or with ``workers`` > 1 a supervisor of that many
+    (``server/workers.py``)."""
+    configure_logging(settings)
+    if settings.workers > 1:
+        try:  # refuse a bad key or certificate once, before any child starts
+            Authenticator.from_settings(
+                settings.auth_publickey, settings.auth_issuer, settings.auth_audience
+            )
+            check_tls(settings)
+        except ConfigError as exc:
+            print(f"troth: {exc}", file=sys.stderr)
+            return 2
+        from troth.server.workers import supervise
+
+        return supervise(settings)
+    return serve_on(settings, None)
+
+
+def serve_on(settings: Settings, sock: socket.socket | None) -> int:
+    """One troth process: on ``sock`` (a supervisor's shared socket) or binding
+    ``host``/``port`` itself."""
     configure_logging(settings)
     # The writer thread releases the GIL around every SQLite call; with the default
     # 5 ms switch interval, taking it back waits behind the event loop and each group
@@ -183,7 +205,7 @@ def serve(settings: Settings) -> int:
         else "",
         settings.debug,
     )
-    uvicorn.Server(uvicorn_config(app, settings)).run()
+    uvicorn.Server(uvicorn_config(app, settings)).run(sockets=None if sock is None else [sock])
     return 0
 
 

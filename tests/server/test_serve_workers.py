@@ -1,0 +1,161 @@
+"""``troth serve --workers N`` on PostgreSQL: N nodes on one port, one service
+(server/workers.py).  A real supervisor process, real children, a real database."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+
+from helpers import pg
+from helpers.support import VERSION, free_port
+
+
+@pytest.fixture(scope="module")
+def pg_url() -> Iterator[str]:
+    with pg.throwaway_database("troth_workers") as url:
+        yield url
+
+
+def children(pid: int) -> list[int]:
+    """The supervisor's child processes (Linux: /proc/PID/task/PID/children)."""
+    text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    return sorted(int(c) for c in text.split())
+
+
+def wait_for(what: str, check: Callable[[], bool], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def serve(tmp_path: Path, *args: str) -> tuple[subprocess.Popen[bytes], int, Path]:
+    port = free_port()
+    log = tmp_path / "serve.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "troth.cli.main", "serve", "--port", str(port), *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=tmp_path,
+        )
+    return proc, port, log
+
+
+def ready(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/ready", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def nodes(url: str) -> set[str]:
+    with psycopg.connect(url) as conn:
+        return {r[0] for r in conn.execute("SELECT node FROM nodes")}
+
+
+def create(port: int, id: str) -> int:
+    head = {"corrId": id, "version": VERSION}
+    far = int(time.time() * 1000) + 3_600_000
+    data = {"id": id, "timeoutAt": far, "param": {}, "tags": {}}
+    # A new connection each time: the kernel spreads them over the children.
+    r = httpx.post(
+        f"http://127.0.0.1:{port}/",
+        json={"kind": "promise.create", "head": head, "data": data},
+        headers={"connection": "close"},
+        timeout=10,
+    )
+    return int(r.json()["head"]["status"])
+
+
+def test_workers_share_one_port_restart_the_dead_and_stop_together(
+    pg_url: str, tmp_path: Path
+) -> None:
+    pg.fresh_store(pg_url).close()
+    proc, port, log = serve(
+        tmp_path, "--store", "postgres", "--postgres-url", pg_url, "--workers", "3"
+    )
+    try:
+        wait_for("the service to answer", lambda: ready(port))
+        wait_for("three children", lambda: len(children(proc.pid)) == 3)
+        wait_for("three nodes", lambda: len(nodes(pg_url)) == 3)
+        first = children(proc.pid)
+        for i in range(30):
+            assert create(port, f"w{i}") in (200, 201)
+
+        # A child killed outright is started again; the service answers throughout.
+        victim = first[0]
+        os.kill(victim, signal.SIGKILL)
+        wait_for(
+            "the dead child to be replaced",
+            lambda: len(children(proc.pid)) == 3 and victim not in children(proc.pid),
+        )
+        for i in range(30, 60):
+            assert create(port, f"w{i}") in (200, 201)
+        # The new child is a new node; the dead one's row goes when its heartbeat
+        # is missed (node_timeout), as for a dead node on another machine.
+        wait_for("three live nodes again", lambda: len(nodes(pg_url)) == 3, timeout=90)
+        text = log.read_text()
+        assert "exited with signal SIGKILL" in text, text[-2000:]
+
+        # SIGTERM to the supervisor stops every child gracefully, and it exits 0.
+        alive = children(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, log.read_text()[-2000:]
+        for pid in alive:
+            wait_for(f"child {pid} to exit", lambda pid=pid: not Path(f"/proc/{pid}").exists())
+        assert nodes(pg_url) == set(), "a child left without leaving the cluster"
+        with psycopg.connect(pg_url) as conn:
+            stored = conn.execute("SELECT count(*) FROM promises").fetchone()
+        assert stored is not None and stored[0] == 60
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_children_stop_when_the_supervisor_is_killed(pg_url: str, tmp_path: Path) -> None:
+    """No orphan node keeps serving the port with nobody watching it."""
+    pg.fresh_store(pg_url).close()
+    proc, port, _ = serve(
+        tmp_path, "--store", "postgres", "--postgres-url", pg_url, "--workers", "2"
+    )
+    try:
+        wait_for("the service to answer", lambda: ready(port))
+        wait_for("two children", lambda: len(children(proc.pid)) == 2)
+        kids = children(proc.pid)
+        proc.kill()
+        proc.wait()
+        for pid in kids:
+            wait_for(f"child {pid} to exit", lambda pid=pid: not _running(pid))
+        assert not ready(port)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan's zombie is reaped by init, eventually)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.mark.parametrize("store", ["sqlite", "memory"])
+def test_workers_need_postgres(store: str, tmp_path: Path) -> None:
+    proc, _, log = serve(tmp_path, "--store", store, "--workers", "2")
+    assert proc.wait(30) == 2
+    assert "workers > 1 needs store postgres" in log.read_text()
