@@ -41,6 +41,8 @@ class RunningServer:
     app: App
     client: httpx.Client
     settings: Settings
+    #: The uvicorn server (its ``config.http`` is troth's protocol class).
+    server: uvicorn.Server | None = None
 
     def envelope(self, kind: str, data: Any, now: int | None = None) -> dict[str, Any]:
         head: dict[str, Any] = {"corrId": f"t-{next(_corr)}", "version": VERSION}
@@ -112,7 +114,7 @@ def running_server(settings: Settings, store: Store | None = None) -> Iterator[R
     url = f"http://127.0.0.1:{port}"
     with httpx.Client(base_url=url, timeout=30) as client:
         try:
-            yield RunningServer(url, app, client, settings)
+            yield RunningServer(url, app, client, settings, server)
         finally:
             server.should_exit = True
             thread.join(15)

@@ -25,10 +25,10 @@ from troth.server.auth import Authenticator, announce_auth
 from troth.server.cluster import default_node_id
 from troth.server.config import ConfigError, Settings, push_token_map
 from troth.server.delivery import DeliveryLoop
+from troth.server.direct import http_protocol
 from troth.server.engine import Commit, Engine
 from troth.server.metrics import Metrics
 from troth.server.retention import Archive, RetentionLoop
-from troth.server.timeouts import guarded_protocol
 from troth.store.base import Store
 from troth.store.memory import MemoryStore
 from troth.transport.http import HttpSender, PushTokens
@@ -241,7 +241,8 @@ def uvicorn_config(app: App, settings: Settings, **overrides: Any) -> uvicorn.Co
         "host": settings.host,
         "port": settings.port,
         "loop": "uvloop",
-        "http": guarded_protocol(settings.header_timeout, settings.body_timeout),
+        # POST / answered by the protocol itself (server/direct.py), the rest by ASGI.
+        "http": http_protocol(settings.header_timeout, settings.body_timeout, app),
         "lifespan": "on",
         "access_log": False,
         "log_level": settings.log_level.lower(),

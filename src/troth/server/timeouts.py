@@ -4,7 +4,7 @@ uvicorn (httptools) closes a keep-alive connection idle between requests
 (``timeout_keep_alive``, troth's ``idle_timeout``), but it has no timer for a
 connection that opens and sends nothing, for headers that trickle in, or for a body
 that trickles in: each of those holds a socket (and, for a body, an ASGI task) for
-as long as the client likes.  :func:`guarded_protocol` makes a subclass of uvicorn's
+as long as the client likes.  :class:`GuardedHttpToolsProtocol` is a subclass of uvicorn's
 httptools protocol that notes, with one clock reading, when a connection starts
 waiting for headers (it opened, or a new request began) and when its headers ended,
 and one sweeper per server, running only while connections are open, cuts off
@@ -123,18 +123,3 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if answer:
             transport.write(timeout_response(f"Request {what} not received within {limit:g} s"))
         transport.close()
-
-
-def guarded_protocol(header_timeout: float, body_timeout: float) -> type[HttpToolsProtocol]:
-    """A protocol class for one server (its own connection set and sweeper)."""
-    return type(
-        "GuardedHttpToolsProtocol",
-        (GuardedHttpToolsProtocol,),
-        {
-            "header_timeout": header_timeout,
-            "body_timeout": body_timeout,
-            "live": set(),
-            "sweeping": None,
-            "cut": 0,
-        },
-    )

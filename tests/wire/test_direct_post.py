@@ -1,0 +1,160 @@
+"""``POST /`` answered by the protocol itself (server/direct.py), over real sockets.
+
+The direct path must be taken (a uvicorn upgrade that removed its hook would make it
+silently slower), and what it writes must be what the ASGI path writes: the same
+status line, headers and body, keep-alive, pipelining, ``Connection: close``,
+HTTP/1.0, ``Expect: 100-continue`` and an oversized body handled alike.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from helpers.support import RunningServer, running_server
+from troth.server.config import Settings
+from troth.server.direct import DirectHttpToolsProtocol
+
+SETTINGS = Settings(store="memory", access_log=False, max_body=4096)
+
+
+@contextmanager
+def server(direct: bool) -> Iterator[RunningServer]:
+    with running_server(SETTINGS) as rs:
+        assert rs.server is not None
+        protocol = rs.server.config.http
+        assert isinstance(protocol, type) and issubclass(protocol, DirectHttpToolsProtocol)
+        if not direct:
+            protocol.troth = None  # every request through ASGI, as before
+        yield rs
+
+
+def port_of(rs: RunningServer) -> int:
+    return int(rs.url.rsplit(":", 1)[1])
+
+
+def envelope(corr: str, id: str = "p1") -> bytes:
+    data = {"id": id, "timeoutAt": 2**40, "param": {}, "tags": {}}
+    head = {"corrId": corr, "version": "2026-04-01"}
+    return json.dumps({"kind": "promise.create", "head": head, "data": data}).encode()
+
+
+def post(body: bytes, *, version: str = "1.1", extra: str = "") -> bytes:
+    return (
+        f"POST / HTTP/{version}\r\nhost: t\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\n{extra}\r\n"
+    ).encode() + body
+
+
+def read_responses(sock: socket.socket, count: int) -> list[tuple[str, dict[str, str], bytes]]:
+    """``count`` responses: status line, headers (lower-case names), body."""
+    buf = b""
+    out: list[tuple[str, dict[str, str], bytes]] = []
+    while len(out) < count:
+        while b"\r\n\r\n" not in buf:
+            chunk = sock.recv(65536)
+            if not chunk:
+                raise AssertionError(f"connection closed after {len(out)} responses: {buf!r}")
+            buf += chunk
+        head, buf = buf.split(b"\r\n\r\n", 1)
+        lines = head.decode().split("\r\n")
+        headers = {k.lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:])}
+        if lines[0].startswith("HTTP/1.1 100"):
+            out.append((lines[0], headers, b""))
+            continue
+        length = int(headers["content-length"])
+        while len(buf) < length:
+            buf += sock.recv(65536)
+        out.append((lines[0], headers, buf[:length]))
+        buf = buf[length:]
+    return out
+
+
+def exchange(rs: RunningServer, payload: bytes, count: int = 1) -> list[Any]:
+    with socket.create_connection(("127.0.0.1", port_of(rs)), timeout=10) as sock:
+        sock.sendall(payload)
+        return read_responses(sock, count)
+
+
+def closed_after(rs: RunningServer, payload: bytes) -> bool:
+    """Whether the server closes the connection after answering ``payload``."""
+    with socket.create_connection(("127.0.0.1", port_of(rs)), timeout=10) as sock:
+        sock.sendall(payload)
+        read_responses(sock, 1)
+        try:
+            return sock.recv(1) == b""
+        except TimeoutError:
+            return False
+
+
+def comparable(response: tuple[str, dict[str, str], bytes]) -> Any:
+    status, headers, body = response
+    return status, {k: v for k, v in headers.items() if k != "date"}, body
+
+
+@pytest.mark.parametrize(
+    "payload,count",
+    [
+        (post(envelope("a")), 1),
+        (post(envelope("a")) + post(envelope("b")) + post(b"{not json"), 3),  # pipelined
+        (post(envelope("a"), extra="connection: close\r\n"), 1),
+        (post(envelope("a"), version="1.0"), 1),
+        (post(envelope("a"), extra="expect: 100-continue\r\n"), 2),
+        (post(b"x" * 5000), 1),  # over max_body: 413
+    ],
+    ids=["one", "pipelined", "connection-close", "http-1.0", "expect-100", "too-large"],
+)
+def test_direct_answers_as_asgi_does(payload: bytes, count: int) -> None:
+    answers = {}
+    for direct in (True, False):
+        with server(direct) as rs:
+            answers[direct] = [comparable(r) for r in exchange(rs, payload, count)]
+            closes = closed_after(rs, payload) if count == 1 else None
+            assert rs.server is not None
+            taken = rs.server.config.http.counts["direct"]
+            assert (taken > 0) is direct, (direct, taken)
+            answers[direct].append(closes)
+    assert answers[True] == answers[False]
+    first = answers[True][0]
+    assert first[0].startswith("HTTP/1.1 ")
+    if b"{not json" in payload:
+        assert json.loads(answers[True][2][2])["head"]["status"] == 400
+
+
+def test_keep_alive_serves_many_requests_on_one_connection() -> None:
+    with server(True) as rs, socket.create_connection(("127.0.0.1", port_of(rs))) as sock:
+        for i in range(20):
+            sock.sendall(post(envelope(f"k{i}", id=f"p{i}")))
+            [(status, headers, body)] = read_responses(sock, 1)
+            assert status == "HTTP/1.1 200 OK"
+            assert headers["content-type"] == "application/json"
+            reply = json.loads(body)
+            assert reply["head"]["corrId"] == f"k{i}"
+            assert reply["data"]["promise"]["id"] == f"p{i}"
+        assert rs.server is not None and rs.server.config.http.counts["direct"] == 20
+
+
+def test_a_client_gone_mid_body_leaves_the_server_serving() -> None:
+    with server(True) as rs:
+        with socket.create_connection(("127.0.0.1", port_of(rs))) as sock:
+            body = envelope("gone")
+            sock.sendall(post(body)[: -len(body) // 2])  # half the body, then hang up
+        [(status, _, reply)] = exchange(rs, post(envelope("after", id="p2")))
+        assert status == "HTTP/1.1 200 OK"
+        assert json.loads(reply)["data"]["promise"]["id"] == "p2"
+
+
+def test_cors_servers_answer_through_asgi() -> None:
+    settings = replace(SETTINGS, cors_allow_origins="https://ui.example")
+    with running_server(settings) as rs:
+        origin = "origin: https://ui.example\r\n"
+        [(status, headers, _)] = exchange(rs, post(envelope("c"), extra=origin))
+        assert status == "HTTP/1.1 200 OK"
+        assert headers["access-control-allow-origin"] == "https://ui.example"
+        assert rs.server is not None and rs.server.config.http.counts["direct"] == 0
