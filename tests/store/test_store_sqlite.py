@@ -199,7 +199,7 @@ def test_failing_apply_rolls_back_that_job_only(store: SqliteStore) -> None:
     snap = store.snapshot()
     assert [p["id"] for p in snap["promises"]] == ["a", "c"]
     assert snap["tasks"] == [] and snap["outbox"] == []
-    # The savepoint was released: the next batch starts clean.
+    # The batch was re-run without it: the next batch starts clean.
     assert not store.conn.in_transaction
     run(store, good("d"))
     assert len(store.snapshot()["promises"]) == 3

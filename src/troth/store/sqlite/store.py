@@ -286,6 +286,8 @@ class SqliteStore(Store):
         self._pooled: dict[int, sqlite3.Connection] = {}
         self._pooled_lock = threading.Lock()
         self.inline_reads = self.pooled_reads = self.path not in (":memory:", "")
+        #: A failed apply rolls the batch back and re-runs it (Store.savepoints).
+        self.savepoints = False
 
     # -- transactions --------------------------------------------------------------------
 
