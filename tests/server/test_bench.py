@@ -221,14 +221,23 @@ def test_every_workload_runs_tiny_on_postgres_and_verifies(tmp_path: Path) -> No
     assert bench_databases() == before
 
 
-def test_two_nodes_share_the_database(tmp_path: Path) -> None:
-    """create-settle over two nodes (clients alternate between them): every promise
-    one node wrote is read back, resolved, through the other's census.  (The run
-    without its limits: those are covered above.)"""
+@pytest.mark.parametrize("one_port", [False, True], ids=["two-servers", "workers-2"])
+def test_two_nodes_share_the_database(tmp_path: Path, one_port: bool) -> None:
+    """create-settle over two nodes (clients alternate between them, or one
+    ``troth serve --workers 2`` spreads them): every promise one node wrote is read
+    back, resolved, through the other's census.  (The run without its limits: those
+    are covered above.)"""
     import uvloop
 
     out = io.StringIO()
-    opts = replace(PG_TINY, dir=str(tmp_path), nodes=(2,), workloads=("create-settle",), scale=())
+    opts = replace(
+        PG_TINY,
+        dir=str(tmp_path),
+        nodes=(2,),
+        workloads=("create-settle",),
+        scale=(),
+        one_port=one_port,
+    )
     bench = runner.Bench(opts, out)
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as loop:
         loop.run(bench.main_run(2))

@@ -37,6 +37,8 @@ class Options:
     #: Where throwaway databases are created and dropped (a maintenance database).
     postgres_admin: str = "postgresql://postgres@127.0.0.1:5432/postgres"
     nodes: tuple[int, ...] = (1,)  # node counts to run the workloads with (postgres only)
+    #: The nodes as one ``troth serve --workers N`` on one port (not N servers).
+    one_port: bool = False
     peers: tuple[str, ...] = ()  # queues measured on the same database server (postgres)
     peer_jobs: int = 20_000  # jobs of the batched peer run
     peer_batch: int = 100  # enqueue and dequeue batch of the batched peer run
@@ -136,6 +138,12 @@ def add_bench_flags(p: argparse.ArgumentParser) -> None:
         " workloads once per count, each on a fresh database",
     )
     p.add_argument(
+        "--one-port",
+        action="store_true",
+        help="run the nodes as one `troth serve --workers N` (one port, the kernel spreads"
+        " connections) instead of N servers the clients are spread over",
+    )
+    p.add_argument(
         "--peers",
         type=_peers,
         default=d.peers,
@@ -230,6 +238,7 @@ def options_from(args: argparse.Namespace) -> Options:
         postgres_url=args.postgres_url,
         postgres_admin=args.postgres_admin_url,
         nodes=args.nodes,
+        one_port=args.one_port,
         peers=args.peers,
         peer_jobs=args.peer_jobs,
         peer_batch=args.peer_batch,

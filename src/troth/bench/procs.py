@@ -88,6 +88,23 @@ class ServerProcess:
         assert self.proc is not None
         return self.proc.pid
 
+    def serving_pids(self) -> list[int]:
+        """The processes that serve: this one, or a ``--workers`` supervisor's
+        children (whose CPU and memory are the server's; the supervisor only waits)."""
+        if "--workers" not in self.argv:
+            return [self.pid]
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                text = Path(f"/proc/{self.pid}/task/{self.pid}/children").read_text()
+            except OSError:
+                text = ""
+            children = sorted(int(c) for c in text.split())
+            wanted = int(self.argv[self.argv.index("--workers") + 1])
+            if len(children) >= wanted or time.monotonic() > deadline:
+                return children or [self.pid]
+            time.sleep(0.05)
+
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"

@@ -426,15 +426,16 @@ class Bench:
 
     async def on_database(self, url: str, nodes: int, run: str, label: str) -> None:
         self.say(f"{label} on PostgreSQL database {_where(url)}", "")
+        one_port = self.opts.one_port and nodes > 1
         servers = [
             ServerProcess.troth(
                 self.workdir / f"{run}-node{k}",
                 self.workdir / "unused.db",
                 synchronous=self.opts.synchronous,
                 postgres_url=url,
-                extra=self.nats_flags(),
+                extra=self.nats_flags() + (["--workers", str(nodes)] if one_port else []),
             )
-            for k in range(nodes)
+            for k in range(1 if one_port else nodes)
         ]
         await self.on_servers(servers, url, run, label if self.opts.store == "postgres" else "")
 
@@ -446,7 +447,7 @@ class Bench:
         try:
             await servers[0].start()
             await asyncio.gather(*(s.start() for s in servers[1:]))
-            pids = [s.pid for s in servers]
+            pids = [pid for s in servers for pid in s.serving_pids()]
             nodes = [("127.0.0.1", s.port) for s in servers]
             at_rest = [rss_bytes(pid) for pid in pids]
             self.report.rss_at_rest = sum(v for v in at_rest if v) or None
@@ -528,7 +529,8 @@ class Bench:
                 else:
                     result = await RUNNERS[name](ctx)
                 result.context = context
-                result.nodes = len(nodes)
+                # Server processes: a --workers supervisor's children count one each.
+                result.nodes = max(len(nodes), len(pid) if isinstance(pid, list) else 1)
                 results.append(result)
                 for server in servers or []:
                     if not server.alive():
