@@ -11,6 +11,7 @@
 ``/ops/bounces``         tasks bouncing now (server/bounces.py)
 ``/ops/promise?id=ID``   one promise with its callbacks and listeners, and its task
 ``/ops/tree?id=ID``      a workflow's promises (by ``resonate:origin``) with their tasks
+``/ops/timeline?id=ID``  its promises' and tasks' events in one order (ops/timeline.py)
 =======================  ===============================================================
 
 Reads go through ``Store.inspect`` in a worker thread (no row locks; on SQLite a
@@ -30,6 +31,7 @@ import msgspec
 
 from troth.ops.explain import explain, row_json
 from troth.ops.facts import gather
+from troth.ops.timeline import EXECUTES_PER_TASK, timeline
 from troth.ops.workers import ClusterView, local_view
 from troth.outbox.rows import RowState
 from troth.protocol.records import PROMISE_STATES
@@ -89,6 +91,7 @@ class OperatorApi:
             "/ops/bounces": self.bouncing,
             "/ops/promise": self.promise,
             "/ops/tree": self.tree,
+            "/ops/timeline": self.timeline,
         }
 
     async def answer(self, path: str, query: bytes) -> Answer:
@@ -273,6 +276,38 @@ class OperatorApi:
             "now": self.clock(),
             "promises": [msgspec.to_builtins(p.record()) for p in promises[: limit + 1]],
             "tasks": tasks,
+            "cut": cut,
+        }
+
+    async def timeline(self, params: dict[str, str]) -> Any:
+        """A workflow's events, oldest first, the last ``limit`` of them: its promises
+        (as ``tree`` reads them, at most ``TREE_LIMIT``), their tasks, and each task's
+        newest executes (an index read per task).  Events whose time the store does
+        not record come with ``at`` null (ops/timeline.py says which)."""
+        id = params.get("id")
+        if not id:
+            raise Refused(400, "timeline needs ?id=<root promise id>")
+        limit = _int(params, "limit", 200, 1, 20 * MAX_LIMIT)
+
+        def read(ins: Any) -> tuple[list[Any], dict[str, Any], dict[str, Any], bool]:
+            root = ins.promise(id)
+            found = [p for p in ins.tree(id) if p.id != id]
+            promises = ([root] if root is not None else []) + found
+            tasks, executes = {}, {}
+            for p in promises:
+                t = ins.task(p.id)
+                if t is not None:
+                    tasks[p.id] = t
+                    executes[p.id] = ins.deliveries(p.id, EXECUTES_PER_TASK)
+            return promises, tasks, executes, len(found) >= TREE_LIMIT
+
+        promises, tasks, executes, cut = await asyncio.to_thread(self.store.inspect, read)
+        events = timeline(promises, tasks, executes)
+        return {
+            "id": id,
+            "now": self.clock(),
+            "total": len(events),
+            "events": [e.as_json() for e in events[-limit:]],
             "cut": cut,
         }
 

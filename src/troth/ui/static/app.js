@@ -510,21 +510,43 @@ function explainBody(x) {
   ];
 }
 
-function timeline(promises) {
-  const events = [];
-  for (const p of promises) {
-    events.push([p.createdAt, "created", p]);
-    if (p.settledAt) events.push([p.settledAt, p.state, p]);
-  }
-  events.sort((a, b) => a[0] - b[0]);
-  const shown = events.slice(-200);
+const EVENTS_SHOWN = 200;
+
+/** One timeline row's time: recorded, or said not to be (placed after what preceded it). */
+function eventTime(e) {
+  return e.at !== null && e.at !== undefined ? when(e.at) : h("span", { class: "muted" }, "not recorded");
+}
+
+function eventSubject(e) {
+  if (e.kind === "promise") return promiseLink(e.id);
+  return link(`#/task/${encodeURIComponent(e.id)}`, `task ${e.id}`);
+}
+
+/** Promise and task events of a workflow, oldest first (GET /ops/timeline). */
+function timeline(id, t, limit) {
+  const more = new URLSearchParams({ events: String(Math.min(limit * 5, 20000)) });
   return [
-    events.length > shown.length ? h("p", { class: "muted" }, `the last ${shown.length} of ${events.length} events`) : null,
-    table(["at", "event", "promise"], shown.map(([t, e, p]) => [when(t), e === "created" ? "created" : state(e), promiseLink(p.id)])),
+    t.total > t.events.length
+      ? h("p", { class: "muted" }, `the last ${t.events.length} of ${t.total} events — `, link(`#/workflow/${encodeURIComponent(id)}?${more}`, "show more"))
+      : null,
+    h("p", { class: "muted" }, "Times the store does not record (when a task was acquired, suspended or released) are marked so; such an event sits after the last one that must have come before it."),
+    table(
+      ["at", "what", "event", "version", "pid", "details"],
+      t.events.map((e) => [
+        eventTime(e),
+        eventSubject(e),
+        e.kind === "promise" && e.event !== "created" ? state(e.event) : h("span", { class: `event event-${e.kind}` }, e.event),
+        e.version !== undefined ? `v${e.version}` : "",
+        e.pid ?? "",
+        [e.text, e.state ? [" ", state(e.state)] : null, e.row !== undefined ? [" · ", link(`#/delivery?task=${encodeURIComponent(e.id)}`, `row ${e.row}`)] : null],
+      ]),
+      "No events.",
+    ),
+    t.cut ? h("p", { class: "muted" }, "(the workflow is larger than a timeline reads: its first promises only)") : null,
   ];
 }
 
-views.workflow = async (main, id) => {
+views.workflow = async (main, id, q) => {
   main.append(
     h("h1", {}, "Workflow ", h("span", { class: "fn" }, id)),
     h("p", {}, link(`#/promise/${encodeURIComponent(id)}`, "Promise and task details"), " · ", link(`#/workflows?tags=${encodeURIComponent(`resonate:origin=${id}`)}`, "its promises as a list")),
@@ -534,8 +556,9 @@ views.workflow = async (main, id) => {
   const root = buildTree(tree);
   main.append(
     section("Call graph", root ? h("ul", { class: "tree call-graph" }, treeNode(root, tree.tasks, tree.now)) : h("p", { class: "muted" }, "No such promise."), tree.cut ? h("p", { class: "muted" }, "(cut at 1000 promises)") : null),
-    section("Timeline", timeline(tree.promises)),
   );
+  const limit = Number(q.get("events")) || EVENTS_SHOWN;
+  main.append(h("section", { id: "timeline" }, h("h2", {}, "Timeline"), timeline(id, await ops("timeline", { id, limit }), limit)));
 };
 
 // Promise and task -------------------------------------------------------------------------
