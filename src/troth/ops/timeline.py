@@ -89,10 +89,19 @@ def timeline(
         # Within one promise the order made here is the causal one; across promises
         # the times decide (a time not recorded sorts at the event it follows).
         keyed += [(e.after, len(keyed) + i, e) for i, e in enumerate(events)]
-    # A state entered at no recorded time after others (suspended: after the promises
-    # it awaits were created) goes after the events of the same millisecond.
-    keyed.sort(key=lambda k: (k[0], k[2].event in LAST_AT_ITS_TIME, k[1]))
+    keyed.sort(key=lambda k: (k[0], _rank(k[2]), k[1]))
     return [e for _, _, e in keyed]
+
+
+def _rank(e: Event) -> int:
+    """Order within one millisecond: a promise's creation or settlement first (what a
+    task does in that instant follows from it: a settled promise resumes its awaiter
+    in the same transaction), then task and delivery events, and last a state entered
+    at no recorded time after the others (suspended: after the promises it awaits
+    were created)."""
+    if e.kind == "promise":
+        return 0
+    return 2 if e.event in LAST_AT_ITS_TIME else 1
 
 
 def _promise_events(p: Promise) -> list[Event]:
@@ -160,7 +169,7 @@ def _task_events(p: Promise, t: Task, rows: list[OutboxRow], tree: list[Promise]
                 out.append(
                     Event(
                         None,
-                        last,
+                        max(last, r.created_at),
                         t.id,
                         "task",
                         "left acquired",
@@ -221,6 +230,8 @@ def _task_events(p: Promise, t: Task, rows: list[OutboxRow], tree: list[Promise]
 
 def _delivery_events(task: str, r: OutboxRow) -> list[Event]:
     version = int(getattr(r.message, "version", 0))
+    # A pending row is replaced by each re-dispatch: its created_at is the last one.
+    again = " (last rewritten: a pending execute is rewritten at each re-dispatch)"
     out = [
         Event(
             r.created_at,
@@ -228,7 +239,7 @@ def _delivery_events(task: str, r: OutboxRow) -> list[Event]:
             task,
             "delivery",
             "execute",
-            f"execute v{version} written for {r.address}",
+            f"execute v{version} written for {r.address}{again if r.state == 'pending' else ''}",
             version,
             row=r.id,
             state=str(r.state),
@@ -238,8 +249,10 @@ def _delivery_events(task: str, r: OutboxRow) -> list[Event]:
         word = {"completed": "delivered", "failed": "delivery failed"}.get(
             str(r.state), "delivery outcome unknown"
         )
-        code = f", last code {r.last_code}" if r.last_code else ""
-        attempts = f"{r.attempts} attempt{'s' if r.attempts != 1 else ''}"
+        code = f"last code {r.last_code}" if r.last_code else ""
+        # ``attempts`` counts the sends that did not arrive (a delivery counts none).
+        failed = f"{r.attempts} unsuccessful send{'s' if r.attempts != 1 else ''}"
+        attempts = ", ".join(x for x in (failed if r.attempts else "", code) if x)
         out.append(
             Event(
                 r.updated_at,
@@ -247,7 +260,7 @@ def _delivery_events(task: str, r: OutboxRow) -> list[Event]:
                 task,
                 "delivery",
                 word,
-                f"execute v{version} {word} ({attempts}{code})",
+                f"execute v{version} {word}" + (f" ({attempts})" if attempts else ""),
                 version,
                 row=r.id,
                 state=str(r.state),
