@@ -395,6 +395,17 @@ def test_scan_tasks(store: Store) -> None:
     assert ids((), None, 10) == []
 
 
+def test_inspection_reads_many_tasks_at_once(store: Store) -> None:
+    """``Inspection.tasks``: the tasks of the ids that have one, by id, across the
+    reads it splits a long list into; duplicates and absent ids are harmless."""
+    many = [Task(f"t{i:04d}", "pending", i) for i in range(1, 1201)]
+    put(store, *many)
+    ids = ["absent", *[t.id for t in many], "t0001", "t0002"]
+    got = store.inspect(lambda ins: ins.tasks(ids))
+    assert got == {t.id: t for t in many}
+    assert store.inspect(lambda ins: ins.tasks([])) == {}
+
+
 def test_scan_schedules(store: Store) -> None:
     put(
         store,

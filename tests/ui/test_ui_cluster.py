@@ -89,7 +89,7 @@ def test_two_nodes_with_heartbeats_and_workers_on_their_nodes(
             expect(row).to_contain_text(node.name)
             expect(row).to_contain_text("ago")  # its heartbeat, relative and absolute
             expect(row.locator("td").last).to_have_text("yes")
-        page.shot("overview-cluster")
+        page.shot("overview-cluster", 'section:has(h2:text("Workers and nodes"))')
         # The other node's dashboard shows the same cluster: the workers on their nodes.
         page.base = n2.url
         pg = page.open("/workers", "workers")

@@ -262,11 +262,8 @@ class OperatorApi:
             root = ins.promise(id)
             found = [p for p in ins.tree(id, limit + 1) if p.id != id]
             promises = ([root] if root is not None else []) + found
-            tasks = {}
-            for p in promises[: limit + 1]:
-                t = ins.task(p.id)
-                if t is not None:
-                    tasks[p.id] = msgspec.to_builtins(t)
+            found_tasks = ins.tasks([p.id for p in promises[: limit + 1]])
+            tasks = {id: msgspec.to_builtins(t) for id, t in found_tasks.items()}
             return promises, tasks
 
         promises, tasks = await asyncio.to_thread(self.store.inspect, read)
@@ -293,12 +290,8 @@ class OperatorApi:
             root = ins.promise(id)
             found = [p for p in ins.tree(id) if p.id != id]
             promises = ([root] if root is not None else []) + found
-            tasks, executes = {}, {}
-            for p in promises:
-                t = ins.task(p.id)
-                if t is not None:
-                    tasks[p.id] = t
-                    executes[p.id] = ins.deliveries(p.id, EXECUTES_PER_TASK)
+            tasks = ins.tasks([p.id for p in promises])
+            executes = {id: ins.deliveries(id, EXECUTES_PER_TASK) for id in tasks}
             return promises, tasks, executes, len(found) >= TREE_LIMIT
 
         promises, tasks, executes, cut = await asyncio.to_thread(self.store.inspect, read)
