@@ -87,7 +87,10 @@ def sdk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sdk]:
     build_python_sdk()  # before any server starts: a first build takes a while
     with children_of_test(tmp_path_factory.mktemp("ui-sdk")) as procs, hook_server() as hook:
         hook.status[0] = 404  # the push target refuses every delivery
-        server = LoggedServer(procs, "sqlite", procs.workdir / "troth.db", None)
+        # No re-dispatch of a pending task within the module: the refused push stays
+        # one failed row (a retry would make it pending again, for a moment).
+        extra = ["--retry-timeout", "600000"]
+        server = LoggedServer(procs, "sqlite", procs.workdir / "troth.db", None, extra)
         server.start()
         s = Sdk(procs, server, f"http://127.0.0.1:{hook.port}/hook")
         done = s.start("order-done", "done")
@@ -144,10 +147,9 @@ def test_overview_counts_the_workflows_and_shows_the_failed_push_and_the_workers
 def test_workflows_search_lists_each_state(page: Page) -> None:
     pg = page.open("/workflows?prefix=order-&state=pending", "workflows")
     pg.wait_for_selector("main table")
-    text = pg.inner_text("main table")
-    for id in ("order-stuck", "order-sleep", "order-push", "order-ask"):
-        assert id in text
-    assert "order-done\n" not in text and "order-done\t" not in text
+    ids = set(pg.locator("main table tbody td:first-child").all_inner_texts())
+    assert {"order-stuck", "order-sleep", "order-push", "order-ask"} <= ids, ids
+    assert "order-done" not in ids and "order-done:1" not in ids
     pg = page.open("/workflows?prefix=order-done&state=resolved", "workflows")
     pg.wait_for_selector("main table")
     rows = pg.locator("main table tbody tr")

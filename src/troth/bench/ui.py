@@ -66,6 +66,10 @@ VIEWS: list[tuple[str, list[str | tuple[str, dict[str, Any]]]]] = [
         [("promise.search", {"tags": {"resonate:scope": "global"}, "limit": 50})],
     ),
     (
+        "workflows: a tag no promise has (no index: scans)",
+        [("promise.search", {"tags": {"team": "nobody"}, "limit": 50})],
+    ),
+    (
         "workflow wf (100 promises)",
         ["/ops/explain?id=wf", "/ops/tree?id=wf&limit=1000", "/ops/timeline?id=wf&limit=200"],
     ),
