@@ -42,6 +42,15 @@ def test_promise_and_tree_need_an_id_and_answer_null_for_nothing() -> None:
     assert tree["promises"] == [] and tree["tasks"] == {} and tree["cut"] is False
 
 
+def test_promises_by_tags_take_a_json_object() -> None:
+    s = Settings(store="memory")
+    assert get(s, "/ops/promises?tags=team%3Da").status_code == 400
+    assert get(s, "/ops/promises?tags=%7B%22a%22%3A1%7D").status_code == 400  # {"a":1}
+    assert get(s, "/ops/promises?order=desc&tags=%7B%22a%22%3A%22b%22%7D").status_code == 400
+    answer = get(s, "/ops/promises?tags=%7B%22a%22%3A%22b%22%7D").json()
+    assert answer == {"promises": [], "next": None, "looked": 0}
+
+
 def test_the_dashboard_bench_runs_tiny(capsys: pytest.CaptureFixture[str]) -> None:
     """``python -m troth.bench.ui`` (docs/benchmarks.md) on 300 promises: every view's
     requests answer 200 (it asserts so) and the table is printed."""

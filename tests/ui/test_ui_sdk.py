@@ -150,6 +150,12 @@ def test_workflows_search_lists_each_state(page: Page) -> None:
     ids = set(pg.locator("main table tbody td:first-child").all_inner_texts())
     assert {"order-stuck", "order-sleep", "order-push", "order-ask"} <= ids, ids
     assert "order-done" not in ids and "order-done:1" not in ids
+    # A tag no index covers: the RPCs to group `nobody`, found in a bounded look.
+    pg = page.open("/workflows?tags=resonate%3Atarget%3Dpoll%3A%2F%2Fany%40nobody", "workflows")
+    pg.wait_for_selector("main table")
+    ids = set(pg.locator("main table tbody td:first-child").all_inner_texts())
+    assert ids == {"order-stuck:1", "order-ask:1"}, ids
+    assert "(all there are)" in pg.inner_text("#looked")
     pg = page.open("/workflows?prefix=order-done&state=resolved", "workflows")
     pg.wait_for_selector("main table")
     rows = pg.locator("main table tbody tr")

@@ -3,8 +3,9 @@
 
 =======================  ===============================================================
 ``/ops/explain?id=ID``   why ``ID`` is not done (``troth explain``; ops/explain.py)
-``/ops/promises``        promises by id ``prefix`` and ``state``, in id order (``after``);
-                         ``order=desc``: the latest ``limit`` under the prefix
+``/ops/promises``        promises by id ``prefix``, ``state`` and ``tags`` (JSON), in id
+                         order (``after``); ``order=desc``: the latest ``limit`` under
+                         the prefix
 ``/ops/outbox``          outbox rows, newest first: ``state``, ``task``, ``before``, ``limit``
 ``/ops/workers``         connected workers by group and node, groups' last seen, nodes
 ``/ops/counts``          rows by state: promises, tasks, outbox; schedules
@@ -135,13 +136,25 @@ class OperatorApi:
         limit = _int(params, "limit", 100, 1, MAX_LIMIT)
         prefix = params.get("prefix", "")
         after = params.get("after") or None
+        tags = _tags(params.get("tags") or "")
         if params.get("order") == "desc":  # the latest under a prefix, no paging
-            if state is not None or after is not None:
+            if state is not None or after is not None or tags:
                 raise Refused(400, "order=desc takes a prefix and a limit only")
             found = await asyncio.to_thread(
                 self.store.inspect, lambda ins: ins.newest(prefix, limit)
             )
             return {"promises": [msgspec.to_builtins(p.record()) for p in found], "next": None}
+        if tags:
+            # A tag filter no index covers looks at a bounded window of ids per call
+            # (Inspection.search), off the writer: never a scan of the table.
+            page = await asyncio.to_thread(
+                self.store.inspect, lambda ins: ins.search(prefix, state, tags, after, limit)
+            )
+            return {
+                "promises": [msgspec.to_builtins(p.record()) for p in page.promises],
+                "next": page.next,
+                "looked": page.looked,
+            }
         found = await asyncio.to_thread(
             self.store.inspect, lambda ins: ins.promises(prefix, state, after, limit)
         )
@@ -303,6 +316,17 @@ class OperatorApi:
             "events": [e.as_json() for e in events[-limit:]],
             "cut": cut,
         }
+
+
+def _tags(text: str) -> dict[str, str]:
+    """``tags``: a JSON object of strings (``{"resonate:origin": "order-42"}``)."""
+    if not text:
+        return {}
+    try:
+        tags = msgspec.json.decode(text, type=dict[str, str])
+    except msgspec.DecodeError:
+        raise Refused(400, 'tags must be a JSON object of strings: {"key": "value"}') from None
+    return tags
 
 
 def _int(params: dict[str, str], name: str, default: int | None, low: int, high: int) -> Any:

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Final
 
+import msgspec
+
 from troth.outbox.rows import OutboxRow
-from troth.protocol.records import PENDING, Promise, Schedule, Task
+from troth.protocol.records import PENDING, TAG_ORIGIN, Promise, Schedule, Tags, Task
 from troth.store.codec import OUTBOX_COLS, PROMISE_COLS, SCHEDULE_COLS, TASK_COLS, RowCodec
 from troth.store.outbox import Cursor
 
@@ -24,10 +27,24 @@ from troth.store.outbox import Cursor
 ID_END: Final = "\U0010ffff"
 #: Ids one ``IN (…)`` read takes (well under SQLite's and psycopg's parameter limits).
 IDS_PER_READ: Final = 500
+#: Stored tags: a JSON object of strings.
+_TAGS: Final = msgspec.json.Decoder(dict[str, str])
 #: Rows one tree read returns at most (a workflow larger than this is cut, and says so).
 TREE_LIMIT: Final = 5000
 
 Counts = dict[str, dict[str, int]]
+#: Promises one tag search looks at per call (``Inspection.search``).
+SEARCH_WINDOW: Final = 10_000
+
+
+@dataclass(frozen=True)
+class Search:
+    """A page of :meth:`Inspection.search`: the matches, where to go on from (None:
+    nothing further), and how many promises were looked at (up to ``next``)."""
+
+    promises: list[Promise]
+    next: str | None
+    looked: int
 
 
 class Inspection(ABC):
@@ -67,6 +84,49 @@ class Inspection(ABC):
     def newest(self, prefix: str, limit: int) -> list[Promise]:
         """The last ``limit`` promises whose id starts with ``prefix``, last first (a
         schedule's latest runs: their ids end in the run's timestamp)."""
+
+    @abstractmethod
+    def window(
+        self, prefix: str, origin: str | None, after: str | None, size: int
+    ) -> list[tuple[str, str, Tags]]:
+        """``(id, state, tags)`` of the next ``size`` promises in id order after
+        ``after``: those whose id starts with ``prefix``, or (``origin``) those of one
+        workflow, through its index.  Only the columns a tag filter needs."""
+
+    def promises_of(self, ids: Sequence[str]) -> list[Promise]:
+        """The promises of ``ids`` that exist, in id order."""
+        found = [p for p in (self.promise(id) for id in dict.fromkeys(ids)) if p is not None]
+        return sorted(found, key=lambda p: p.id)
+
+    def search(
+        self,
+        prefix: str,
+        state: str | None,
+        tags: Tags,
+        after: str | None,
+        limit: int,
+        window: int = SEARCH_WINDOW,
+    ) -> Search:
+        """Promises by id prefix, stored state and tags, in id order after ``after``,
+        looking at no more than ``window`` of them: a tag no index covers costs a
+        bounded read per call, never a scan of the table (``promise.search`` scans
+        until it has a page, on the writer).  ``next`` continues where it stopped,
+        whether it stopped for a full page or at the end of its window."""
+        looked = self.window(prefix, tags.get(TAG_ORIGIN), after, window)
+        matched: list[str] = []
+        last, examined = None, 0
+        for id, st, t in looked:
+            last, examined = id, examined + 1
+            if (
+                id.startswith(prefix)
+                and (state is None or st == state)
+                and all(t.get(k) == v for k, v in tags.items())
+            ):
+                matched.append(id)
+                if len(matched) == limit:
+                    break
+        full = len(matched) == limit or len(looked) == window
+        return Search(self.promises_of(matched), last if full else None, examined)
 
     @abstractmethod
     def deliveries(self, task_id: str, limit: int) -> list[OutboxRow]:
@@ -144,6 +204,26 @@ class SqlInspection(Inspection):
         rows = self._all("newest", prefix, prefix + ID_END, limit)
         return [self.codec.promise(r) for r in rows]
 
+    def window(
+        self, prefix: str, origin: str | None, after: str | None, size: int
+    ) -> list[tuple[str, str, Tags]]:
+        if origin is not None:
+            rows = self._all("origin_window", origin, after or "", size)
+        else:
+            low = max(prefix, after) if after is not None else prefix
+            rows = self._all("window", low, after or "", prefix + ID_END, size)
+        return [(r[0], r[1], _TAGS.decode(r[2])) for r in rows]
+
+    def promises_of(self, ids: Sequence[str]) -> list[Promise]:
+        found: list[Promise] = []
+        unique = list(dict.fromkeys(ids))
+        for at in range(0, len(unique), IDS_PER_READ):
+            chunk = unique[at : at + IDS_PER_READ]
+            marks = ", ".join([self.mark] * len(chunk))
+            sql = f"SELECT {PROMISE_COLS} FROM promises WHERE id IN ({marks})"
+            found += [self.codec.promise(r) for r in self.cur.execute(sql, chunk).fetchall()]
+        return sorted(found, key=lambda p: p.id)
+
     def deliveries(self, task_id: str, limit: int) -> list[OutboxRow]:
         return [self.codec.outbox_row(r) for r in self._all("deliveries", task_id, limit)]
 
@@ -187,6 +267,15 @@ def _queries(p: str) -> dict[str, str]:
         "range_in_state": (
             f"SELECT {PROMISE_COLS} FROM promises WHERE id >= {p} AND id > {p} AND id < {p}"
             f" AND state = {p} ORDER BY id LIMIT {p}"
+        ),
+        # A tag search's window: the columns it filters on, of the next ids in order.
+        "window": (
+            f"SELECT id, state, tags FROM promises WHERE id >= {p} AND id > {p} AND id < {p}"
+            f" ORDER BY id LIMIT {p}"
+        ),
+        "origin_window": (
+            f"SELECT id, state, tags FROM promises WHERE origin = {p} AND id > {p}"
+            f" ORDER BY id LIMIT {p}"
         ),
         "deliveries": (
             f"SELECT {OUTBOX_COLS} FROM outbox WHERE task_id = {p} ORDER BY id DESC LIMIT {p}"
