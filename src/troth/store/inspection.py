@@ -35,6 +35,8 @@ TREE_LIMIT: Final = 5000
 Counts = dict[str, dict[str, int]]
 #: Promises one tag search looks at per call (``Inspection.search``).
 SEARCH_WINDOW: Final = 10_000
+#: Promises one read of a search's window brings (it stops early on a full page).
+SEARCH_CHUNK: Final = 500
 
 
 @dataclass(frozen=True)
@@ -112,20 +114,25 @@ class Inspection(ABC):
         bounded read per call, never a scan of the table (``promise.search`` scans
         until it has a page, on the writer).  ``next`` continues where it stopped,
         whether it stopped for a full page or at the end of its window."""
-        looked = self.window(prefix, tags.get(TAG_ORIGIN), after, window)
+        origin = tags.get(TAG_ORIGIN)
         matched: list[str] = []
-        last, examined = None, 0
-        for id, st, t in looked:
-            last, examined = id, examined + 1
-            if (
-                id.startswith(prefix)
-                and (state is None or st == state)
-                and all(t.get(k) == v for k, v in tags.items())
-            ):
-                matched.append(id)
-                if len(matched) == limit:
-                    break
-        full = len(matched) == limit or len(looked) == window
+        last, examined, exhausted = after, 0, False
+        # Read in chunks: a common tag fills its page from the first one.
+        while len(matched) < limit and examined < window and not exhausted:
+            size = min(SEARCH_CHUNK, window - examined)
+            rows = self.window(prefix, origin, last, size)
+            exhausted = len(rows) < size
+            for id, st, t in rows:
+                last, examined = id, examined + 1
+                if (
+                    id.startswith(prefix)
+                    and (state is None or st == state)
+                    and all(t.get(k) == v for k, v in tags.items())
+                ):
+                    matched.append(id)
+                    if len(matched) == limit:
+                        break
+        full = len(matched) == limit or not exhausted
         return Search(self.promises_of(matched), last if full else None, examined)
 
     @abstractmethod
