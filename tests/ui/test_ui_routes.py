@@ -108,3 +108,22 @@ def test_timeline_interleaves_task_events_and_says_which_times_are_not_recorded(
     assert renewed[1:3] == (2, "w2") and renewed[3] is not None
     texts = " ".join(e["text"] for e in answer["events"])
     assert "time not recorded" in texts and "released, or its lease lapsed" in texts
+
+
+def test_the_dashboard_bench_runs_tiny_on_postgres(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--postgres``: seeded into a fresh database on that server, dropped after."""
+    import psycopg
+
+    from helpers.pg import ADMIN_URL
+    from troth.bench.ui import main
+
+    def databases() -> set[str]:
+        with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
+            rows = conn.execute("SELECT datname FROM pg_database").fetchall()
+        return {r[0] for r in rows if r[0].startswith("troth_bench_ui")}
+
+    before = databases()
+    assert main(["300", "--repeat", "1", "--postgres", ADMIN_URL]) == 0
+    out = capsys.readouterr().out
+    assert "(postgres)" in out and "/ops/timeline?id=wf&limit=200" in out
+    assert databases() == before
