@@ -86,7 +86,8 @@ ACCESS = re.compile(r"troth\.access (\S+) corrId=\S+ status=(\d+)")
 
 class LoggedServer(TrothProcess):
     """``troth serve`` on a SQLite file or a PostgreSQL database, logging at info;
-    what it did is read from its log (``test_sdk_hitl.py``, ``test_sdk_bounce.py``)."""
+    what it did is read from its log (``test_sdk_hitl.py``, ``test_sdk_bounce.py``).
+    Several on one database take a ``name`` each (their process names)."""
 
     def __init__(
         self,
@@ -95,8 +96,9 @@ class LoggedServer(TrothProcess):
         db: Path,
         postgres_url: str | None,
         extra: Sequence[str] = (),
+        name: str = "server",
     ) -> None:
-        super().__init__(procs, "server")
+        super().__init__(procs, name)
         self.store = store
         self.db = db
         self.postgres_url = postgres_url
@@ -114,7 +116,7 @@ class LoggedServer(TrothProcess):
             argv += ["--postgres-url", self.postgres_url]
         else:
             argv += ["--db", str(self.db)]
-        self.proc = self.procs.start("server", argv)
+        self.proc = self.procs.start(self.name, argv)
         self.procs.wait_for("GET /ready", self.ready, 30)
 
     def log(self) -> list[str]:

@@ -395,6 +395,45 @@ def test_scan_tasks(store: Store) -> None:
     assert ids((), None, 10) == []
 
 
+def test_inspection_reads_many_tasks_at_once(store: Store) -> None:
+    """``Inspection.tasks``: the tasks of the ids that have one, by id, across the
+    reads it splits a long list into; duplicates and absent ids are harmless."""
+    many = [Task(f"t{i:04d}", "pending", i) for i in range(1, 1201)]
+    put(store, *many)
+    ids = ["absent", *[t.id for t in many], "t0001", "t0002"]
+    got = store.inspect(lambda ins: ins.tasks(ids))
+    assert got == {t.id: t for t in many}
+    assert store.inspect(lambda ins: ins.tasks([])) == {}
+
+
+def test_inspection_search_looks_at_a_bounded_window_and_goes_on_from_it(store: Store) -> None:
+    """``Inspection.search``: a tag filter looks at ``window`` ids per call and says
+    where to go on; a full page stops early; the origin tag reads its own index."""
+    rows = [
+        promise(f"p{i:02d}", tags={"team": "a"} if i in (5, 25) else {"team": "b"})
+        for i in range(30)
+    ]
+    flow = [promise(f"w.{i}", tags={"resonate:origin": "w", "k": str(i % 2)}) for i in range(6)]
+    put(store, *rows, *flow, promise("q", tags={"team": "a"}))
+
+    def search(after: str | None, limit: int = 50, **tags: str) -> tuple[list[str], Any, int]:
+        found = store.inspect(lambda ins: ins.search("p", None, tags, after, limit, window=10))
+        return [p.id for p in found.promises], found.next, found.looked
+
+    assert search(None, team="a") == (["p05"], "p09", 10)
+    assert search("p09", team="a") == ([], "p19", 10)
+    assert search("p19", team="a") == (["p25"], "p29", 10)
+    assert search("p29", team="a") == ([], None, 0)  # "q" is past the prefix
+    assert search(None, limit=1, team="b") == (["p00"], "p00", 1)
+    got = store.inspect(
+        lambda ins: ins.search("", None, {"resonate:origin": "w", "k": "1"}, None, 50)
+    )
+    assert [p.id for p in got.promises] == ["w.1", "w.3", "w.5"] and got.next is None
+    assert got.looked == 6  # the workflow's promises only, through the origin index
+    pending = store.inspect(lambda ins: ins.search("p", "resolved", {"team": "a"}, None, 50))
+    assert pending.promises == [] and pending.next is None and pending.looked == 30
+
+
 def test_scan_schedules(store: Store) -> None:
     put(
         store,

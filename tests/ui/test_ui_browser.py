@@ -13,17 +13,15 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import re
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from helpers.browser import CHROMIUM, require_chromium
+from helpers.browser import Page, checked_page, chromium, require_chromium
 from helpers.hook import hook_server
 from helpers.sdk_env import Procs
 from helpers.troth_process import LoggedServer
@@ -33,7 +31,6 @@ playwright_api = pytest.importorskip("playwright.sync_api")
 expect = playwright_api.expect
 
 HOUR = 3_600_000
-SCREENSHOTS = os.environ.get("TROTH_UI_SCREENSHOTS")  # a folder: write the docs' PNGs
 
 
 def b64(value: Any) -> str:
@@ -158,61 +155,14 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
 
 @pytest.fixture(scope="module")
 def browser(world: World) -> Iterator[Any]:
-    with playwright_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, headless=True)
-        try:
-            yield b
-        finally:
-            b.close()
-
-
-class Page:
-    """A page that fails the test on any console error, page error or failed request."""
-
-    def __init__(self, browser: Any, world: World, width: int = 1280) -> None:
-        base = world.server.url
-        self.world = world
-        self.context = browser.new_context(viewport={"width": width, "height": 900})
-        self.page = self.context.new_page()
-        self.base = base
-        self.errors: list[str] = []
-        self.page.on("console", lambda m: m.type == "error" and self.errors.append(m.text))
-        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
-        self.page.on("requestfailed", lambda r: self.errors.append(f"failed {r.url}"))
-        self.page.on(
-            "response",
-            lambda r: r.status >= 400 and self.errors.append(f"{r.status} {r.url}"),
-        )
-
-    def open(self, route: str, view: str) -> Any:
-        # The view before may have been of the same name (promise → promise): drop its
-        # mark first, or the wait below would see the old page as the new one ready.
-        self.page.evaluate("document.querySelector('main')?.removeAttribute('data-ready')")
-        self.page.goto(f"{self.base}/ui/#{route}")
-        self.page.wait_for_selector(f"main[data-ready={view}]", timeout=10_000)
-        self.page.wait_for_load_state("networkidle")
-        return self.page
-
-    def check(self) -> None:
-        assert self.errors == [], self.errors
-
-    def shot(self, name: str) -> None:
-        if SCREENSHOTS:
-            Path(SCREENSHOTS).mkdir(parents=True, exist_ok=True)
-            self.page.screenshot(path=str(Path(SCREENSHOTS) / f"{name}.png"), full_page=False)
-
-    def close(self) -> None:
-        self.context.close()
+    with chromium() as b:
+        yield b
 
 
 @pytest.fixture
 def page(browser: Any, world: World) -> Iterator[Page]:
-    p = Page(browser, world)
-    try:
+    with checked_page(browser, world.server.url) as p:
         yield p
-        p.check()
-    finally:
-        p.close()
 
 
 def test_ui_is_served_with_a_strict_policy_and_the_hot_path_is_untouched(world: World) -> None:
@@ -230,7 +180,9 @@ def test_ui_is_served_with_a_strict_policy_and_the_hot_path_is_untouched(world: 
     assert world.server.call("promise.get", {"id": "wf-done"})[0] == 200
 
 
-def test_overview_shows_counts_workers_failed_deliveries_and_live_charts(page: Page) -> None:
+def test_overview_shows_counts_workers_failed_deliveries_and_live_charts(
+    page: Page, world: World
+) -> None:
     pg = page.open("/", "overview")
     pg.wait_for_selector("text=Promises")
     body = pg.inner_text("main")
@@ -238,7 +190,7 @@ def test_overview_shows_counts_workers_failed_deliveries_and_live_charts(page: P
     pg.wait_for_selector("#charts svg")
     for _ in range(4):  # traffic between the page's samples of /metrics
         for _ in range(25):
-            page.world.server.call("promise.get", {"id": "wf-done"})
+            world.server.call("promise.get", {"id": "wf-done"})
         time.sleep(1.2)
     expect(pg.locator("#charts .legend").first).to_contain_text("promise.", timeout=10_000)
     assert "Requests/s by kind" in pg.inner_text("#charts")
@@ -282,7 +234,6 @@ def test_stuck_workflow_explains_the_missing_worker_group_with_links(page: Page)
     tree = pg.inner_text(".call-graph")
     assert "wf-stuck" in tree and "wf-stuck.charge" in tree and "suspended" in tree
     assert "order" in tree and "charge" in tree  # the functions, decoded from the params
-    page.shot("workflow-stuck")
     group.click()
     pg.wait_for_selector("main[data-ready=workers]")
     assert "No worker of group payments has been seen" in pg.inner_text("main")
@@ -317,13 +268,11 @@ def test_promise_and_task_detail_decode_values_and_show_delivery_history(page: P
     pg.wait_for_selector("#task table")
     history = pg.inner_text("#task")
     assert "troth.http.status_404" in history and "failed" in history
-    page.shot("promise")
 
 
 def test_delivery_workers_and_schedules(page: Page) -> None:
     pg = page.open("/delivery?state=failed", "delivery")
     assert "wf-fail" in pg.inner_text("main table")
-    page.shot("delivery")
     pg = page.open("/workers", "workers")
     text = pg.inner_text("main")
     assert "No worker group seen yet" in text and "Nodes" in text and "yes" in text
@@ -371,7 +320,7 @@ def test_deleting_a_schedule(page: Page, world: World) -> None:
 
 
 def test_narrow_screen_and_keyboard(browser: Any, world: World) -> None:
-    p = Page(browser, world, width=375)
+    p = Page(browser, world.server.url, width=375)
     try:
         pg = p.open("/workflow/wf-stuck", "workflow")
         pg.wait_for_selector(".blockers li")

@@ -5,6 +5,7 @@ answer."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import httpx
 import pytest
@@ -41,6 +42,15 @@ def test_promise_and_tree_need_an_id_and_answer_null_for_nothing() -> None:
     assert tree["promises"] == [] and tree["tasks"] == {} and tree["cut"] is False
 
 
+def test_promises_by_tags_take_a_json_object() -> None:
+    s = Settings(store="memory")
+    assert get(s, "/ops/promises?tags=team%3Da").status_code == 400
+    assert get(s, "/ops/promises?tags=%7B%22a%22%3A1%7D").status_code == 400  # {"a":1}
+    assert get(s, "/ops/promises?order=desc&tags=%7B%22a%22%3A%22b%22%7D").status_code == 400
+    answer = get(s, "/ops/promises?tags=%7B%22a%22%3A%22b%22%7D").json()
+    assert answer == {"promises": [], "next": None, "looked": 0}
+
+
 def test_the_dashboard_bench_runs_tiny(capsys: pytest.CaptureFixture[str]) -> None:
     """``python -m troth.bench.ui`` (docs/benchmarks.md) on 300 promises: every view's
     requests answer 200 (it asserts so) and the table is printed."""
@@ -49,3 +59,71 @@ def test_the_dashboard_bench_runs_tiny(capsys: pytest.CaptureFixture[str]) -> No
     assert main(["300", "--repeat", "1"]) == 0
     out = capsys.readouterr().out
     assert "/ops/tree?id=wf&limit=1000" in out and "per view" in out
+
+
+def test_timeline_interleaves_task_events_and_says_which_times_are_not_recorded() -> None:
+    """A task created acquired (v1, pid w1), released, offered again (an execute of
+    v1), acquired by w2 (v2): its events in order, the unrecorded ones without a time."""
+
+    async def go() -> dict[str, Any]:
+        app = build_app(Settings(store="memory", retry_timeout=60_000))
+        await app.startup()
+        try:
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://troth") as c:
+
+                async def call(kind: str, data: dict[str, Any]) -> Any:
+                    head = {"corrId": kind, "version": "2026-04-01"}
+                    r = await c.post("/", json={"kind": kind, "head": head, "data": data})
+                    assert r.json()["head"]["status"] == 200, r.text
+                    return r.json()["data"]
+
+                tags = {"resonate:origin": "job", "resonate:target": "poll://any@g"}
+                create = {"id": "job", "timeoutAt": 2**53, "param": {}, "tags": tags}
+                action = {"kind": "promise.create", "head": {}, "data": create}
+                await call("task.create", {"pid": "w1", "ttl": 30_000, "action": action})
+                await call("task.release", {"id": "job", "version": 1})
+                for _ in range(200):  # the execute of v1 is written by the timer loop
+                    rows = (await c.get("/ops/outbox?task=job")).json()["rows"]
+                    if rows:
+                        break
+                    await asyncio.sleep(0.01)
+                await call("task.acquire", {"id": "job", "version": 1, "pid": "w2", "ttl": 30_000})
+                body: dict[str, Any] = (await c.get("/ops/timeline?id=job")).json()
+                return body
+        finally:
+            await app.shutdown()
+
+    answer = asyncio.run(go())
+    events = [(e["event"], e.get("version"), e.get("pid"), e["at"]) for e in answer["events"]]
+    kinds = [e[0] for e in events]
+    assert kinds[:2] == ["created", "task created"], events
+    assert kinds[2:5] == ["acquired", "left acquired", "execute"], events
+    assert kinds[5:] == ["acquired", "lease renewed"], events
+    acquired_v1, left, execute, acquired_v2, renewed = events[2:]
+    assert acquired_v1[1] == 1 and acquired_v1[3] is None  # no time recorded
+    assert left[1] == 1 and left[3] is None
+    assert execute[1] == 1 and execute[3] is not None
+    assert acquired_v2 == ("acquired", 2, "w2", None)
+    assert renewed[1:3] == (2, "w2") and renewed[3] is not None
+    texts = " ".join(e["text"] for e in answer["events"])
+    assert "time not recorded" in texts and "released, or its lease lapsed" in texts
+
+
+def test_the_dashboard_bench_runs_tiny_on_postgres(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--postgres``: seeded into a fresh database on that server, dropped after."""
+    import psycopg
+
+    from helpers.pg import ADMIN_URL
+    from troth.bench.ui import main
+
+    def databases() -> set[str]:
+        with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
+            rows = conn.execute("SELECT datname FROM pg_database").fetchall()
+        return {r[0] for r in rows if r[0].startswith("troth_bench_ui")}
+
+    before = databases()
+    assert main(["300", "--repeat", "1", "--postgres", ADMIN_URL]) == 0
+    out = capsys.readouterr().out
+    assert "(postgres)" in out and "/ops/timeline?id=wf&limit=200" in out
+    assert databases() == before

@@ -56,10 +56,10 @@ def gather(ins: Inspection, id: str) -> Facts:
     facts.cut = len(tree) >= TREE_LIMIT
     pending = [p for p in facts.promises.values() if p.pending][:MAX_PENDING]
     facts.cut = facts.cut or len(pending) == MAX_PENDING
+    tasks = ins.tasks([p.id for p in pending])  # one read, not one per promise
     for p in pending:
-        task = ins.task(p.id)
-        if task is not None:
-            facts.tasks[p.id] = task
+        if p.id in tasks:
+            facts.tasks[p.id] = tasks[p.id]
             facts.deliveries[p.id] = ins.deliveries(p.id, DELIVERIES_PER_TASK)
     # A settled root may still have a task worth showing (fulfilled, or not).
     if id not in facts.tasks:

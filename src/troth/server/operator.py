@@ -3,14 +3,16 @@
 
 =======================  ===============================================================
 ``/ops/explain?id=ID``   why ``ID`` is not done (``troth explain``; ops/explain.py)
-``/ops/promises``        promises by id ``prefix`` and ``state``, in id order (``after``);
-                         ``order=desc``: the latest ``limit`` under the prefix
+``/ops/promises``        promises by id ``prefix``, ``state`` and ``tags`` (JSON), in id
+                         order (``after``); ``order=desc``: the latest ``limit`` under
+                         the prefix
 ``/ops/outbox``          outbox rows, newest first: ``state``, ``task``, ``before``, ``limit``
 ``/ops/workers``         connected workers by group and node, groups' last seen, nodes
 ``/ops/counts``          rows by state: promises, tasks, outbox; schedules
 ``/ops/bounces``         tasks bouncing now (server/bounces.py)
 ``/ops/promise?id=ID``   one promise with its callbacks and listeners, and its task
 ``/ops/tree?id=ID``      a workflow's promises (by ``resonate:origin``) with their tasks
+``/ops/timeline?id=ID``  its promises' and tasks' events in one order (ops/timeline.py)
 =======================  ===============================================================
 
 Reads go through ``Store.inspect`` in a worker thread (no row locks; on SQLite a
@@ -30,6 +32,7 @@ import msgspec
 
 from troth.ops.explain import explain, row_json
 from troth.ops.facts import gather
+from troth.ops.timeline import EXECUTES_PER_TASK, timeline
 from troth.ops.workers import ClusterView, local_view
 from troth.outbox.rows import RowState
 from troth.protocol.records import PROMISE_STATES
@@ -92,6 +95,7 @@ class OperatorApi:
             "/ops/bounces": self.bouncing,
             "/ops/promise": self.promise,
             "/ops/tree": self.tree,
+            "/ops/timeline": self.timeline,
         }
 
     async def answer(self, path: str, query: bytes) -> Answer:
@@ -137,13 +141,25 @@ class OperatorApi:
         limit = _int(params, "limit", 100, 1, MAX_LIMIT)
         prefix = params.get("prefix", "")
         after = params.get("after") or None
+        tags = _tags(params.get("tags") or "")
         if params.get("order") == "desc":  # the latest under a prefix, no paging
-            if state is not None or after is not None:
+            if state is not None or after is not None or tags:
                 raise Refused(400, "order=desc takes a prefix and a limit only")
             found = await asyncio.to_thread(
                 self.store.inspect, lambda ins: ins.newest(prefix, limit)
             )
             return {"promises": [msgspec.to_builtins(p.record()) for p in found], "next": None}
+        if tags:
+            # A tag filter no index covers looks at a bounded window of ids per call
+            # (Inspection.search), off the writer: never a scan of the table.
+            page = await asyncio.to_thread(
+                self.store.inspect, lambda ins: ins.search(prefix, state, tags, after, limit)
+            )
+            return {
+                "promises": [msgspec.to_builtins(p.record()) for p in page.promises],
+                "next": page.next,
+                "looked": page.looked,
+            }
         found = await asyncio.to_thread(
             self.store.inspect, lambda ins: ins.promises(prefix, state, after, limit)
         )
@@ -264,11 +280,8 @@ class OperatorApi:
             root = ins.promise(id)
             found = [p for p in ins.tree(id, limit + 1) if p.id != id]
             promises = ([root] if root is not None else []) + found
-            tasks = {}
-            for p in promises[: limit + 1]:
-                t = ins.task(p.id)
-                if t is not None:
-                    tasks[p.id] = msgspec.to_builtins(t)
+            found_tasks = ins.tasks([p.id for p in promises[: limit + 1]])
+            tasks = {id: msgspec.to_builtins(t) for id, t in found_tasks.items()}
             return promises, tasks
 
         promises, tasks = await asyncio.to_thread(self.store.inspect, read)
@@ -280,6 +293,45 @@ class OperatorApi:
             "tasks": tasks,
             "cut": cut,
         }
+
+    async def timeline(self, params: dict[str, str]) -> Any:
+        """A workflow's events, oldest first, the last ``limit`` of them: its promises
+        (as ``tree`` reads them, at most ``TREE_LIMIT``), their tasks, and each task's
+        newest executes (an index read per task).  Events whose time the store does
+        not record come with ``at`` null (ops/timeline.py says which)."""
+        id = params.get("id")
+        if not id:
+            raise Refused(400, "timeline needs ?id=<root promise id>")
+        limit = _int(params, "limit", 200, 1, 20 * MAX_LIMIT)
+
+        def read(ins: Any) -> tuple[list[Any], dict[str, Any], dict[str, Any], bool]:
+            root = ins.promise(id)
+            found = [p for p in ins.tree(id) if p.id != id]
+            promises = ([root] if root is not None else []) + found
+            tasks = ins.tasks([p.id for p in promises])
+            executes = {id: ins.deliveries(id, EXECUTES_PER_TASK) for id in tasks}
+            return promises, tasks, executes, len(found) >= TREE_LIMIT
+
+        promises, tasks, executes, cut = await asyncio.to_thread(self.store.inspect, read)
+        events = timeline(promises, tasks, executes)
+        return {
+            "id": id,
+            "now": self.clock(),
+            "total": len(events),
+            "events": [e.as_json() for e in events[-limit:]],
+            "cut": cut,
+        }
+
+
+def _tags(text: str) -> dict[str, str]:
+    """``tags``: a JSON object of strings (``{"resonate:origin": "order-42"}``)."""
+    if not text:
+        return {}
+    try:
+        tags = msgspec.json.decode(text, type=dict[str, str])
+    except msgspec.DecodeError:
+        raise Refused(400, 'tags must be a JSON object of strings: {"key": "value"}') from None
+    return tags
 
 
 def _int(params: dict[str, str], name: str, default: int | None, low: int, high: int) -> Any:

@@ -12,20 +12,41 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Final
 
+import msgspec
+
 from troth.outbox.rows import OutboxRow
-from troth.protocol.records import PENDING, Promise, Schedule, Task
+from troth.protocol.records import PENDING, TAG_ORIGIN, Promise, Schedule, Tags, Task
 from troth.store.codec import OUTBOX_COLS, PROMISE_COLS, SCHEDULE_COLS, TASK_COLS, RowCodec
 from troth.store.outbox import Cursor
 
 #: Sorts after every character (UTF-8 F4 8F BF BF): ``prefix + ID_END`` bounds the ids
 #: that start with ``prefix`` (both stores compare ids bytewise).
 ID_END: Final = "\U0010ffff"
+#: Ids one ``IN (…)`` read takes (well under SQLite's and psycopg's parameter limits).
+IDS_PER_READ: Final = 500
+#: Stored tags: a JSON object of strings.
+_TAGS: Final = msgspec.json.Decoder(dict[str, str])
 #: Rows one tree read returns at most (a workflow larger than this is cut, and says so).
 TREE_LIMIT: Final = 5000
 
 Counts = dict[str, dict[str, int]]
+#: Promises one tag search looks at per call (``Inspection.search``).
+SEARCH_WINDOW: Final = 10_000
+#: Promises one read of a search's window brings (it stops early on a full page).
+SEARCH_CHUNK: Final = 500
+
+
+@dataclass(frozen=True)
+class Search:
+    """A page of :meth:`Inspection.search`: the matches, where to go on from (None:
+    nothing further), and how many promises were looked at (up to ``next``)."""
+
+    promises: list[Promise]
+    next: str | None
+    looked: int
 
 
 class Inspection(ABC):
@@ -36,6 +57,16 @@ class Inspection(ABC):
 
     @abstractmethod
     def task(self, id: str) -> Task | None: ...
+
+    def tasks(self, ids: Sequence[str]) -> dict[str, Task]:
+        """The tasks of ``ids`` that exist, by id: a tree's tasks in a few reads rather
+        than one per promise (on PostgreSQL each read is a round trip)."""
+        found = {}
+        for id in ids:
+            t = self.task(id)
+            if t is not None:
+                found[id] = t
+        return found
 
     @abstractmethod
     def schedule(self, id: str) -> Schedule | None: ...
@@ -55,6 +86,54 @@ class Inspection(ABC):
     def newest(self, prefix: str, limit: int) -> list[Promise]:
         """The last ``limit`` promises whose id starts with ``prefix``, last first (a
         schedule's latest runs: their ids end in the run's timestamp)."""
+
+    @abstractmethod
+    def window(
+        self, prefix: str, origin: str | None, after: str | None, size: int
+    ) -> list[tuple[str, str, Tags]]:
+        """``(id, state, tags)`` of the next ``size`` promises in id order after
+        ``after``: those whose id starts with ``prefix``, or (``origin``) those of one
+        workflow, through its index.  Only the columns a tag filter needs."""
+
+    def promises_of(self, ids: Sequence[str]) -> list[Promise]:
+        """The promises of ``ids`` that exist, in id order."""
+        found = [p for p in (self.promise(id) for id in dict.fromkeys(ids)) if p is not None]
+        return sorted(found, key=lambda p: p.id)
+
+    def search(
+        self,
+        prefix: str,
+        state: str | None,
+        tags: Tags,
+        after: str | None,
+        limit: int,
+        window: int = SEARCH_WINDOW,
+    ) -> Search:
+        """Promises by id prefix, stored state and tags, in id order after ``after``,
+        looking at no more than ``window`` of them: a tag no index covers costs a
+        bounded read per call, never a scan of the table (``promise.search`` scans
+        until it has a page, on the writer).  ``next`` continues where it stopped,
+        whether it stopped for a full page or at the end of its window."""
+        origin = tags.get(TAG_ORIGIN)
+        matched: list[str] = []
+        last, examined, exhausted = after, 0, False
+        # Read in chunks: a common tag fills its page from the first one.
+        while len(matched) < limit and examined < window and not exhausted:
+            size = min(SEARCH_CHUNK, window - examined)
+            rows = self.window(prefix, origin, last, size)
+            exhausted = len(rows) < size
+            for id, st, t in rows:
+                last, examined = id, examined + 1
+                if (
+                    id.startswith(prefix)
+                    and (state is None or st == state)
+                    and all(t.get(k) == v for k, v in tags.items())
+                ):
+                    matched.append(id)
+                    if len(matched) == limit:
+                        break
+        full = len(matched) == limit or not exhausted
+        return Search(self.promises_of(matched), last if full else None, examined)
 
     @abstractmethod
     def deliveries(self, task_id: str, limit: int) -> list[OutboxRow]:
@@ -77,6 +156,7 @@ class SqlInspection(Inspection):
     def __init__(self, cur: Cursor, codec: RowCodec, mark: str) -> None:
         self.cur = cur
         self.codec = codec
+        self.mark = mark
         self.q = _queries(mark)
 
     def _one(self, name: str, *params: Any) -> Sequence[Any] | None:
@@ -94,6 +174,18 @@ class SqlInspection(Inspection):
     def task(self, id: str) -> Task | None:
         r = self._one("task", id)
         return None if r is None else self.codec.task(r)
+
+    def tasks(self, ids: Sequence[str]) -> dict[str, Task]:
+        found: dict[str, Task] = {}
+        unique = list(dict.fromkeys(ids))
+        for at in range(0, len(unique), IDS_PER_READ):
+            chunk = unique[at : at + IDS_PER_READ]
+            marks = ", ".join([self.mark] * len(chunk))
+            sql = f"SELECT {TASK_COLS} FROM tasks WHERE id IN ({marks})"
+            for r in self.cur.execute(sql, chunk).fetchall():
+                t = self.codec.task(r)
+                found[t.id] = t
+        return found
 
     def schedule(self, id: str) -> Schedule | None:
         r = self._one("schedule", id)
@@ -118,6 +210,26 @@ class SqlInspection(Inspection):
     def newest(self, prefix: str, limit: int) -> list[Promise]:
         rows = self._all("newest", prefix, prefix + ID_END, limit)
         return [self.codec.promise(r) for r in rows]
+
+    def window(
+        self, prefix: str, origin: str | None, after: str | None, size: int
+    ) -> list[tuple[str, str, Tags]]:
+        if origin is not None:
+            rows = self._all("origin_window", origin, after or "", size)
+        else:
+            low = max(prefix, after) if after is not None else prefix
+            rows = self._all("window", low, after or "", prefix + ID_END, size)
+        return [(r[0], r[1], _TAGS.decode(r[2])) for r in rows]
+
+    def promises_of(self, ids: Sequence[str]) -> list[Promise]:
+        found: list[Promise] = []
+        unique = list(dict.fromkeys(ids))
+        for at in range(0, len(unique), IDS_PER_READ):
+            chunk = unique[at : at + IDS_PER_READ]
+            marks = ", ".join([self.mark] * len(chunk))
+            sql = f"SELECT {PROMISE_COLS} FROM promises WHERE id IN ({marks})"
+            found += [self.codec.promise(r) for r in self.cur.execute(sql, chunk).fetchall()]
+        return sorted(found, key=lambda p: p.id)
 
     def deliveries(self, task_id: str, limit: int) -> list[OutboxRow]:
         return [self.codec.outbox_row(r) for r in self._all("deliveries", task_id, limit)]
@@ -162,6 +274,15 @@ def _queries(p: str) -> dict[str, str]:
         "range_in_state": (
             f"SELECT {PROMISE_COLS} FROM promises WHERE id >= {p} AND id > {p} AND id < {p}"
             f" AND state = {p} ORDER BY id LIMIT {p}"
+        ),
+        # A tag search's window: the columns it filters on, of the next ids in order.
+        "window": (
+            f"SELECT id, state, tags FROM promises WHERE id >= {p} AND id > {p} AND id < {p}"
+            f" ORDER BY id LIMIT {p}"
+        ),
+        "origin_window": (
+            f"SELECT id, state, tags FROM promises WHERE origin = {p} AND id > {p}"
+            f" ORDER BY id LIMIT {p}"
         ),
         "deliveries": (
             f"SELECT {OUTBOX_COLS} FROM outbox WHERE task_id = {p} ORDER BY id DESC LIMIT {p}"

@@ -363,6 +363,16 @@ class MemoryInspection(Inspection):
     def schedule(self, id: str) -> Schedule | None:
         return self.b.schedules.get(id)
 
+    def window(
+        self, prefix: str, origin: str | None, after: str | None, size: int
+    ) -> list[tuple[str, str, Tags]]:
+        def match(p: Promise) -> bool:
+            if origin is not None:
+                return p.tags.get(TAG_ORIGIN) == origin
+            return p.id.startswith(prefix)
+
+        return [(p.id, p.state, p.tags) for p in _scan(self.b.promises, match, after, size)]
+
     def tree(self, origin: str, limit: int = TREE_LIMIT) -> list[Promise]:
         return _scan(self.b.promises, lambda p: p.tags.get(TAG_ORIGIN) == origin, None, limit)
 

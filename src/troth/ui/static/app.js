@@ -26,6 +26,11 @@ function h(tag, attrs, ...children) {
   return el;
 }
 
+/** Append to ``parent``, leaving out null/undefined/false (DOM append would write "null"). */
+function put(parent, ...children) {
+  parent.append(...children.flat(Infinity).filter((c) => c !== undefined && c !== null && c !== false));
+}
+
 const link = (href, text, attrs) => h("a", { href, ...attrs }, text);
 const state = (s) => h("span", { class: `state state-${s}` }, s ?? "—");
 const promiseLink = (id) => link(`#/promise/${encodeURIComponent(id)}`, id);
@@ -59,9 +64,10 @@ function now() {
 
 function ago(ms) {
   const d = Math.abs(ms);
-  const unit = d < 1000 ? `${d}ms` : d < 60e3 ? `${Math.round(d / 1e3)}s` : d < 3600e3
-    ? `${Math.floor(d / 60e3)}m${Math.round((d % 60e3) / 1e3)}s` : d < 86400e3
-    ? `${Math.floor(d / 3600e3)}h${Math.round((d % 3600e3) / 60e3)}m` : `${Math.floor(d / 86400e3)}d${Math.round((d % 86400e3) / 3600e3)}h`;
+  // Both units rounded down, so that 23h59m59s reads 23h59m (never 23h60m).
+  const unit = d < 1000 ? `${d}ms` : d < 60e3 ? `${Math.floor(d / 1e3)}s` : d < 3600e3
+    ? `${Math.floor(d / 60e3)}m${Math.floor((d % 60e3) / 1e3)}s` : d < 86400e3
+    ? `${Math.floor(d / 3600e3)}h${Math.floor((d % 3600e3) / 60e3)}m` : `${Math.floor(d / 86400e3)}d${Math.floor((d % 86400e3) / 3600e3)}h`;
   return ms >= 0 ? `${unit} ago` : `in ${unit}`;
 }
 
@@ -329,7 +335,7 @@ function countsCard(title, counts) {
 
 views.overview = async (main) => {
   const chartBox = h("div", { class: "grid", id: "charts" });
-  main.append(
+  put(main, 
     h("h1", {}, "Overview"),
     later("Counts", async () => {
       const c = await ops("counts");
@@ -396,31 +402,26 @@ views.workflows = async (main, _arg, q) => {
     h("label", {}, "Tags (key=value, …)", h("input", { name: "tags", value: tags, placeholder: "resonate:origin=order-42", size: 30 })),
     h("button", { type: "submit" }, "Search"),
   );
-  main.append(h("h1", {}, "Workflows and promises"), form);
+  put(main, h("h1", {}, "Workflows and promises"), form);
   const headers = ["id", "state", "kind", "function", "created", "took", ""];
   const results = later(null, async () => {
-    let items, next, param;
+    const param = "after";
     const tagMap = parseTags(tags);
-    if (Object.keys(tagMap).length) {
-      const r = await proto("promise.search", { tags: tagMap, state: st || undefined, idPrefix: prefix || undefined, limit: PAGE, cursor: q.get("cursor") || undefined });
-      if (r.status !== 200) throw new Error(`promise.search answered ${r.status}: ${JSON.stringify(r.data)}`);
-      items = r.data.promises;
-      next = r.data.cursor;
-      param = "cursor";
-    } else {
-      const r = await ops("promises", { prefix, state: st, after: q.get("after"), limit: PAGE });
-      items = r.promises;
-      next = r.next;
-      param = "after";
-    }
+    const tagged = Object.keys(tagMap).length > 0;
+    // With tags, the server looks at a bounded window of ids per page (the origin tag
+    // through its index) rather than scanning the store: a page may hold fewer
+    // matches than it could, and says how far it looked.
+    const r = await ops("promises", { prefix, state: st, tags: tagged ? JSON.stringify(tagMap) : undefined, after: q.get(param), limit: PAGE });
     const nextQ = new URLSearchParams(q);
-    nextQ.set(param, next || "");
+    nextQ.set(param, r.next || "");
+    const partial = tagged && r.next && r.promises.length < PAGE;
     return [
-      table(headers, promiseRows(items), "No promise matches."),
-      h("div", { class: "pager" }, q.get(param) ? link(`#/workflows?${new URLSearchParams([...q].filter(([k]) => k !== param))}`, "← First page") : null, next ? link(`#/workflows?${nextQ}`, "Next page →", { rel: "next" }) : null),
+      table(headers, promiseRows(r.promises), partial ? "None of these matched." : "No promise matches."),
+      tagged && r.looked !== undefined ? h("p", { class: "muted", id: "looked" }, `${r.looked.toLocaleString("en")} promises looked at${r.next ? `, up to ${r.next}` : " (all there are)"}.`) : null,
+      h("div", { class: "pager" }, q.get(param) ? link(`#/workflows?${new URLSearchParams([...q].filter(([k]) => k !== param))}`, "← First page") : null, r.next ? link(`#/workflows?${nextQ}`, partial ? "Keep looking →" : "Next page →", { rel: "next" }) : null),
     ];
   });
-  main.append(results);
+  put(main, results);
 };
 
 // Workflow: tree, timeline, explain -------------------------------------------------------
@@ -510,32 +511,55 @@ function explainBody(x) {
   ];
 }
 
-function timeline(promises) {
-  const events = [];
-  for (const p of promises) {
-    events.push([p.createdAt, "created", p]);
-    if (p.settledAt) events.push([p.settledAt, p.state, p]);
-  }
-  events.sort((a, b) => a[0] - b[0]);
-  const shown = events.slice(-200);
+const EVENTS_SHOWN = 200;
+
+/** One timeline row's time: recorded, or said not to be (placed after what preceded it). */
+function eventTime(e) {
+  return e.at !== null && e.at !== undefined ? when(e.at) : h("span", { class: "muted" }, "not recorded");
+}
+
+function eventSubject(e) {
+  if (e.kind === "promise") return promiseLink(e.id);
+  return link(`#/task/${encodeURIComponent(e.id)}`, `task ${e.id}`);
+}
+
+/** Promise and task events of a workflow, oldest first (GET /ops/timeline). */
+function timeline(id, t, limit) {
+  const more = new URLSearchParams({ events: String(Math.min(limit * 5, 20000)) });
   return [
-    events.length > shown.length ? h("p", { class: "muted" }, `the last ${shown.length} of ${events.length} events`) : null,
-    table(["at", "event", "promise"], shown.map(([t, e, p]) => [when(t), e === "created" ? "created" : state(e), promiseLink(p.id)])),
+    t.total > t.events.length
+      ? h("p", { class: "muted" }, `the last ${t.events.length} of ${t.total} events — `, link(`#/workflow/${encodeURIComponent(id)}?${more}`, "show more"))
+      : null,
+    h("p", { class: "muted" }, "Times the store does not record (when a task was acquired, suspended or released) are marked so; such an event sits after the last one that must have come before it."),
+    table(
+      ["at", "what", "event", "version", "pid", "details"],
+      t.events.map((e) => [
+        eventTime(e),
+        eventSubject(e),
+        e.kind === "promise" && e.event !== "created" ? state(e.event) : h("span", { class: `event event-${e.kind}` }, e.event),
+        e.version !== undefined ? `v${e.version}` : "",
+        e.pid ?? "",
+        [e.text, e.state ? [" ", state(e.state)] : null, e.row !== undefined ? [" · ", link(`#/delivery?task=${encodeURIComponent(e.id)}`, `row ${e.row}`)] : null],
+      ]),
+      "No events.",
+    ),
+    t.cut ? h("p", { class: "muted" }, "(the workflow is larger than a timeline reads: its first promises only)") : null,
   ];
 }
 
-views.workflow = async (main, id) => {
-  main.append(
+views.workflow = async (main, id, q) => {
+  put(main, 
     h("h1", {}, "Workflow ", h("span", { class: "fn" }, id)),
     h("p", {}, link(`#/promise/${encodeURIComponent(id)}`, "Promise and task details"), " · ", link(`#/workflows?tags=${encodeURIComponent(`resonate:origin=${id}`)}`, "its promises as a list")),
     later("Why is it not done?", async () => explainBody(await ops("explain", { id }))),
   );
   const tree = await ops("tree", { id, limit: 1000 });
   const root = buildTree(tree);
-  main.append(
+  put(main, 
     section("Call graph", root ? h("ul", { class: "tree call-graph" }, treeNode(root, tree.tasks, tree.now)) : h("p", { class: "muted" }, "No such promise."), tree.cut ? h("p", { class: "muted" }, "(cut at 1000 promises)") : null),
-    section("Timeline", timeline(tree.promises)),
   );
+  const limit = Number(q.get("events")) || EVENTS_SHOWN;
+  put(main, h("section", { id: "timeline" }, h("h2", {}, "Timeline"), timeline(id, await ops("timeline", { id, limit }), limit)));
 };
 
 // Promise and task -------------------------------------------------------------------------
@@ -579,13 +603,13 @@ async function settle(p, how) {
 
 views.promise = async (main, id) => {
   const { promise: p, task: t } = await ops("promise", { id });
-  main.append(h("h1", {}, "Promise ", h("span", { class: "fn" }, id)));
+  put(main, h("h1", {}, "Promise ", h("span", { class: "fn" }, id)));
   if (!p) {
-    main.append(h("p", {}, "No such promise."));
+    put(main, h("p", {}, "No such promise."));
     return;
   }
   const origin = p.tags?.["resonate:origin"];
-  main.append(
+  put(main, 
     h("p", {}, state(p.state), " ", link(`#/workflow/${encodeURIComponent(origin || id)}`, origin && origin !== id ? `workflow ${origin}` : "workflow view and explain")),
     p.state === "pending"
       ? h("div", { class: "actions" }, [["resolved", "Resolve…"], ["rejected", "Reject…"], ["rejected_canceled", "Cancel…"]].map(([how, label]) =>
@@ -610,9 +634,9 @@ views.promise = async (main, id) => {
     ])),
   );
   const taskBox = h("section", { id: "task" }, h("h2", {}, "Task"));
-  if (!t) taskBox.append(h("p", { class: "muted" }, "No task: nothing runs this promise on a worker."));
+  if (!t) put(taskBox, h("p", { class: "muted" }, "No task: nothing runs this promise on a worker."));
   else {
-    taskBox.append(
+    put(taskBox, 
       fields([
         ["state", state(t.state)],
         ["version", String(t.version)],
@@ -626,7 +650,7 @@ views.promise = async (main, id) => {
       later(null, async () => outboxTable((await ops("outbox", { task: id, limit: 50 })).rows)),
     );
   }
-  main.append(taskBox);
+  put(main, taskBox);
 };
 
 views.task = async (main, id) => {
@@ -641,7 +665,7 @@ const ROW_STATES = ["pending", "dispatching", "completed", "failed", "outcome_un
 views.delivery = async (main, _arg, q) => {
   const st = q.get("state") || "";
   const task = q.get("task") || "";
-  main.append(
+  put(main, 
     h("h1", {}, "Delivery"),
     h("form", { class: "search", onsubmit: (e) => { e.preventDefault(); const p = new URLSearchParams([...new FormData(e.target)].filter(([, v]) => v)); location.hash = `#/delivery${p.size ? "?" + p : ""}`; } },
       h("label", {}, "State", h("select", { name: "state" }, h("option", { value: "" }, "any"), ROW_STATES.map((s) => h("option", { value: s, selected: s === st }, s)))),
@@ -651,7 +675,7 @@ views.delivery = async (main, _arg, q) => {
   const r = await ops("outbox", { state: st, task, before: q.get("before"), limit: PAGE });
   const nextQ = new URLSearchParams(q);
   nextQ.set("before", r.next ?? "");
-  main.append(outboxTable(r.rows), h("div", { class: "pager" }, q.get("before") ? link(`#/delivery?${new URLSearchParams([...q].filter(([k]) => k !== "before"))}`, "← Newest") : null, r.next ? link(`#/delivery?${nextQ}`, "Older →", { rel: "next" }) : null));
+  put(main, outboxTable(r.rows), h("div", { class: "pager" }, q.get("before") ? link(`#/delivery?${new URLSearchParams([...q].filter(([k]) => k !== "before"))}`, "← Newest") : null, r.next ? link(`#/delivery?${nextQ}`, "Older →", { rel: "next" }) : null));
 };
 
 function workersBody(w, only) {
@@ -673,18 +697,18 @@ function workersBody(w, only) {
 
 views.workers = async (main, _arg, q) => {
   const group = q.get("group");
-  main.append(h("h1", {}, group ? `Workers of group ${group}` : "Workers"), group ? h("p", {}, link("#/workers", "All groups")) : null, ...workersBody(await ops("workers"), group));
+  put(main, h("h1", {}, group ? `Workers of group ${group}` : "Workers"), group ? h("p", {}, link("#/workers", "All groups")) : null, ...workersBody(await ops("workers"), group));
 };
 
 views.schedules = async (main, _arg, q) => {
-  main.append(h("h1", {}, "Schedules"), h("p", { id: "action-result", role: "status" }, takeFlash()));
+  put(main, h("h1", {}, "Schedules"), h("p", { id: "action-result", role: "status" }, takeFlash()));
   const r = await proto("schedule.search", { limit: PAGE, cursor: q.get("cursor") || undefined });
   if (r.status !== 200) throw new Error(`schedule.search answered ${r.status}`);
   // A run's promise id is ~{schedule id}/{the template, expanded}: the latest runs are
   // the last ids under that prefix (their timestamps sort as their ids do).
   const runsPrefix = (s) => `~${s.id}/`;
   const latest = await Promise.all(r.data.schedules.map((s) => ops("promises", { prefix: runsPrefix(s), order: "desc", limit: 3 })));
-  main.append(
+  put(main, 
     table(
       ["id", "cron", "promise id", "next run", "last run", "latest runs", ""],
       r.data.schedules.map((s, i) => [
@@ -752,7 +776,7 @@ async function route(moveFocus = false) {
     if (a.hasAttribute("aria-current")) a.setAttribute("aria-current", "page");
   }
   if (!name) {
-    main.append(h("h1", {}, "Not found"), h("p", {}, link("#/", "Overview")));
+    put(main, h("h1", {}, "Not found"), h("p", {}, link("#/", "Overview")));
     return;
   }
   document.title = `${arg ? arg + " · " : ""}${name} · troth`;
@@ -761,7 +785,7 @@ async function route(moveFocus = false) {
     main.dataset.ready = name;
   } catch (e) {
     if (e instanceof AuthNeeded) login(sessionStorage.getItem(TOKEN_KEY) ? "That token was refused (it must be a valid admin token)." : null);
-    else main.append(h("p", { class: "error", role: "alert" }, String(e.message || e)));
+    else put(main, h("p", { class: "error", role: "alert" }, String(e.message || e)));
   }
   const heading = main.querySelector("h1");
   if (heading && moveFocus === true) {
