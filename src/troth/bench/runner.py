@@ -33,7 +33,7 @@ from troth.bench.client import BenchFailure, Client
 from troth.bench.http import split_url
 from troth.bench.limits import http_limit, sqlite_limits
 from troth.bench.measure import DbPids, rss_bytes, wait_quiet
-from troth.bench.options import Options, add_bench_flags, options_from, problems
+from troth.bench.options import OPEN_LOOP, Options, add_bench_flags, options_from, problems
 from troth.bench.pg import (
     backend_pids,
     database_size,
@@ -56,6 +56,7 @@ from troth.bench.report import (
 from troth.bench.results import Limits, Result, ScalePoint
 from troth.bench.sdk_steps import StepRun, sdk_steps
 from troth.bench.seed import SeedIds, seed, seed_postgres
+from troth.bench.sweep import Curve, chart_of, curve_lines, open_loop
 from troth.bench.workloads import RUNNERS, Ctx, reads_of
 
 
@@ -69,6 +70,7 @@ class Report:
     scale: list[ScalePoint] = field(default_factory=list)
     peers: list[Result] = field(default_factory=list)  # the peer queues (--peers)
     sdk_steps: list[StepRun] = field(default_factory=list)  # --workloads sdk-steps
+    open_loop: list[Curve] = field(default_factory=list)  # --open-loop
     rss_at_rest: int | None = None
     rss_after: int | None = None
     ok: bool = True
@@ -82,6 +84,7 @@ class Report:
             "scale": [p.to_json() for p in self.scale],
             "peers": [r.to_json() for r in self.peers],
             "sdk_steps": [r.to_json() for r in self.sdk_steps],
+            "open_loop": [c.to_json() for c in self.open_loop],
             "rss_at_rest": self.rss_at_rest,
             "rss_after": self.rss_after,
             "ok": self.ok,
@@ -304,9 +307,21 @@ class Bench:
                     opts.clients,
                 )
             )
+        if opts.chart and self.report.open_loop:
+            self.write_chart(opts.chart)
         if opts.json:
             Path(opts.json).write_text(json.dumps(self.report.to_json(), indent=2))
         return self.report
+
+    def write_chart(self, path: str) -> None:
+        s = self.report.settings
+        caption = (
+            f"troth bench --open-loop · store={s['store']} synchronous={s['synchronous']}"
+            f" · {s['cpus']} CPUs · {s['python']} · window {s['window_s']:g} s per rate"
+        )
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(chart_of(self.report.open_loop, caption))
+        self.say(f"open-loop chart written to {path}")
 
     async def sdk_steps(self) -> None:
         """The published SDKs' step latency (``troth.bench.sdk_steps``)."""
@@ -480,6 +495,12 @@ class Bench:
                     elif name in profiler.errors:
                         self.say(f"  profile: {profiler.errors[name]}")
                 self.say("")
+                if opts.open_loop and name in OPEN_LOOP and names is None:
+                    await self.quiet(f"{name} open loop")
+                    curve = await open_loop(ctx, name, result)
+                    curve.context = context
+                    self.report.open_loop.append(curve)
+                    self.say(*curve_lines(curve), "")
         finally:
             for c in [*clients, *ctx.extra, spare]:
                 c.close()
