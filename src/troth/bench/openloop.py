@@ -232,7 +232,9 @@ async def bare_runs(rates: list[float], seconds: float, cap: int) -> list[Run]:
                 raise BenchFailure(f"bare endpoint answered {status}")
             return c.conn.sent_at, c.conn.read_at
 
-        loop = OpenLoop(connect, cap)
+        # Opened before the first window, as the sweep reuses the closed loop's 64.
+        loop = OpenLoop(connect, cap, [await connect(k) for k in range(min(64, cap))])
+        loop.opened += loop.pool
         try:
             out = []
             for rate in rates:
