@@ -496,8 +496,7 @@ class Bench:
                         self.say(f"  profile: {profiler.errors[name]}")
                 self.say("")
                 if opts.open_loop and name in OPEN_LOOP and names is None:
-                    await self.quiet(f"{name} open loop")
-                    curve = await open_loop(ctx, name, result)
+                    curve = await open_loop(ctx, name, result, self.quiet)
                     curve.context = context
                     self.report.open_loop.append(curve)
                     self.say(*curve_lines(curve), "")

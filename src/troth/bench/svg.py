@@ -166,15 +166,30 @@ def _panel(p: Panel, ox: float) -> list[str]:
     return out
 
 
+def _wrap(text: str, chars: int) -> list[str]:
+    """Split ``text`` at `` · `` into lines of at most about ``chars`` characters."""
+    lines: list[str] = []
+    for part in text.split(" · "):
+        if lines and len(lines[-1]) + 3 + len(part) <= chars:
+            lines[-1] += " · " + part
+        else:
+            lines.append(part)
+    return lines
+
+
 def chart(panels: Sequence[Panel], caption: str = "") -> str:
-    """A complete SVG document with ``panels`` side by side."""
+    """A complete SVG document with ``panels`` side by side, ``caption`` below."""
     width = WIDTH * max(1, len(panels))
-    height = HEIGHT + (18 if caption else 0)
+    caption_lines = _wrap(caption, int(width / 6)) if caption else []
+    height = HEIGHT + 14 * len(caption_lines) + (6 if caption_lines else 0)
     body: list[str] = []
     for k, p in enumerate(panels):
         body += _panel(p, k * WIDTH)
-    if caption:
-        body.append(f'<text x="8" y="{height - 4}" fill="#666">{escape(caption)}</text>')
+    for k, line in enumerate(caption_lines):
+        body.append(
+            f'<text x="8" y="{HEIGHT + 14 * (k + 1)}" fill="#666" font-size="10">'
+            f"{escape(line)}</text>"
+        )
     return "\n".join(
         [
             '<?xml version="1.0" encoding="UTF-8"?>',

@@ -19,7 +19,7 @@ fulfilled once).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -106,8 +106,14 @@ def rates(loads: Sequence[Offered], closed_max: float | None) -> list[tuple[str,
     return out
 
 
-async def open_loop(ctx: Ctx, name: str, closed: Result | None) -> Curve:
-    """The sweep of workload ``name`` on ``ctx``'s server, after its closed run."""
+async def open_loop(
+    ctx: Ctx,
+    name: str,
+    closed: Result | None,
+    before: Callable[[str], Awaitable[None]] | None = None,
+) -> Curve:
+    """The sweep of workload ``name`` on ``ctx``'s server, after its closed run;
+    ``before`` is awaited ahead of each rate (``--wait-quiet``)."""
     opts = ctx.opts
     line = closed.line(CLOSED_LINE[name]) if closed is not None else None
     closed_max = line.rate if line is not None else None
@@ -127,6 +133,8 @@ async def open_loop(ctx: Ctx, name: str, closed: Result | None) -> Curve:
         for step, (label, rate) in enumerate(rates(opts.open_loop, closed_max)):
             tag_name = f"{name}-open{step}"
             op = _operation(ctx, name, step, ctx.tag(tag_name), pool, ledger)
+            if before is not None:
+                await before(f"{name} open loop at {label}")
             run = await loop.run(
                 rate,
                 Window(opts.warmup, opts.duration),
@@ -239,7 +247,8 @@ def curve_lines(curve: Curve) -> list[str]:
     lines += table(head, rows)
     lines.append(
         f"  note: {curve.arrivals} arrivals; latency from each {curve.unit}'s intended start"
-        f" to its last answer; lag = first write − intended start (the generator's delay);"
+        f" to its last answer; lag = first write − intended start"
+        " (the wait for a free connection, or the generator's own delay);"
         f" late = started while all {curve.cap} connections were busy"
     )
     if any(p.run.cpu.generator >= 0.9 for p in curve.points):
