@@ -35,7 +35,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from troth.bench.client import BenchFailure, Client
-from troth.bench.measure import CpuShare, Probe, Window
+from troth.bench.measure import CpuShare, Probe, Window, wait_quiet
 
 #: How early the dispatcher may release an operation (libuv's timer resolution).
 TICK = 0.001
@@ -208,8 +208,9 @@ class OpenLoop:
 # -- the generator alone, against the bare endpoint ----------------------------------------
 
 
-async def bare_runs(rates: list[float], seconds: float, cap: int) -> list[Run]:
-    """Open-loop runs of empty POSTs at ``rates`` against a fresh bare server."""
+async def bare_runs(rates: list[float], seconds: float, cap: int, quiet: float = 0.0) -> list[Run]:
+    """Open-loop runs of empty POSTs at ``rates`` against a fresh bare server; with
+    ``quiet`` > 0, each waits up to that many seconds for an idle machine first."""
     import tempfile
     from pathlib import Path
 
@@ -238,6 +239,8 @@ async def bare_runs(rates: list[float], seconds: float, cap: int) -> list[Run]:
         try:
             out = []
             for rate in rates:
+                if quiet > 0:
+                    await wait_quiet(quiet)
                 out.append(await loop.run(rate, Window(1.0, seconds), op, pid=server.pid))
             return out
         finally:
@@ -264,10 +267,11 @@ def bare_lines(runs: list[Run]) -> list[str]:
                 f"{r.cpu.generator:.2f}",
                 f"{cost:.1f}",
                 f"{r.cpu.server or 0:.2f}",
+                "-" if r.cpu.elsewhere is None else f"{r.cpu.elsewhere:.2f}",
             ]
         )
     head = ["offered/s", "", "achieved/s", "p50 ms", "p99 ms", "p999 ms", "lag p99"]
-    head += ["late", "conns", "gen CPU", "gen µs/req", "bare CPU"]
+    head += ["late", "conns", "gen CPU", "gen µs/req", "bare CPU", "other"]
     return [
         "open loop against the bare HTTP endpoint (the generator's own ceiling)",
         *table(head, rows),
@@ -280,10 +284,16 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m troth.bench.openloop", description=__doc__)
     p.add_argument("--rates", default="5000,10000,20000", help="requests/s, comma-separated")
     p.add_argument("--seconds", type=float, default=3.0, help="measured seconds per rate")
-    p.add_argument("--cap", type=int, default=1024, help="most connections")
+    p.add_argument("--cap", type=int, default=512, help="most connections (512)")
+    p.add_argument(
+        "--wait-quiet",
+        type=float,
+        default=0.0,
+        help="before each rate, wait up to this many seconds for an idle machine",
+    )
     args = p.parse_args(argv)
     rates = [float(x) for x in args.rates.split(",") if x.strip()]
-    runs = uvloop.run(bare_runs(rates, args.seconds, args.cap))
+    runs = uvloop.run(bare_runs(rates, args.seconds, args.cap, args.wait_quiet))
     print("\n".join(bare_lines(runs)))
     return 0
 
