@@ -170,6 +170,7 @@ def test_the_sweep_prints_each_load_and_writes_the_chart(tmp_path: Path) -> None
             q = p.run.latency_ms()
             assert 0 < q["p50"] <= q["p99"] <= q["p999"] <= q["max"]
         assert any("read back resolved" in check for check in c.checks)
+        assert all(p.run.jobs_per_commit for p in c.points)  # the server's counters were read
     assert "p999 ms" in text and "achieved" in text
     root = ET.fromstring(chart_path.read_text().split("?>", 1)[1])
     names = [p.get("data-series") for p in root.iter(f"{SVG}polyline") if p.get("data-series")]

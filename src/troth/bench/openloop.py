@@ -35,7 +35,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from troth.bench.client import BenchFailure, Client
-from troth.bench.measure import CpuShare, Probe, Window, wait_quiet
+from troth.bench.measure import CpuShare, Probe, Snapshot, Window, wait_quiet
 
 #: How early the dispatcher may release an operation (libuv's timer resolution).
 TICK = 0.001
@@ -69,6 +69,8 @@ class Run:
     late: int = 0  # released while every one of the cap's connections was busy
     connections: int = 0  # pool size at the end (grows on demand up to the cap)
     cpu: CpuShare = field(default_factory=CpuShare)
+    #: Requests per group-commit transaction over the window (troth's /metrics).
+    jobs_per_commit: float | None = None
 
     @property
     def achieved(self) -> float:
@@ -110,13 +112,15 @@ class OpenLoop:
         op: Operation,
         *,
         pid: int | list[int] | None = None,
+        snapshot: Snapshot | None = None,
         arrivals: str = "uniform",
         seed: int = 1,
         drain: float = 30.0,
     ) -> Run:
         """Offer ``rate`` operations/s from now through ``window`` (started here), then
         wait up to ``drain`` seconds for the ones still in flight.  ``pid`` (the
-        server's) is probed for CPU over the window, as the closed loop does."""
+        server's) is probed for CPU over the window and ``snapshot`` (its counters)
+        read at the window's edges, as the closed loop does."""
         if rate <= 0:
             raise ValueError("the open loop needs a rate > 0")
         window.start()
@@ -168,7 +172,7 @@ class OpenLoop:
                 state["backlog"] += 1
             queue.put_nowait((n, intended))
 
-        probe = Probe(window, pid)
+        probe = Probe(window, pid, snapshot=snapshot)
         probe.start()
         rng = random.Random(seed)
         n = 0
@@ -202,6 +206,15 @@ class OpenLoop:
             raise failures[0]
         result.cpu = probe.cpu
         result.connections = len(self.pool)
+        before, after = probe.snapshots
+        batches = after.get("troth_commit_batches_total", 0) - before.get(
+            "troth_commit_batches_total", 0
+        )
+        if batches > 0:
+            jobs = after.get("troth_commit_jobs_total", 0) - before.get(
+                "troth_commit_jobs_total", 0
+            )
+            result.jobs_per_commit = jobs / batches
         return result
 
 

@@ -57,6 +57,7 @@ class Point:
             "measured": len(r.latencies),
             "late": r.late,
             "connections": r.connections,
+            "jobs_per_commit": r.jobs_per_commit,
             "cpu": {
                 "server": r.cpu.server,
                 "generator": r.cpu.generator,
@@ -140,6 +141,7 @@ async def open_loop(
                 Window(opts.warmup, opts.duration),
                 op,
                 pid=ctx.pid,
+                snapshot=ctx.metrics if ctx.metrics_url else None,
                 arrivals=opts.arrivals,
                 seed=step + 1,
                 drain=2 * opts.op_timeout,
@@ -237,19 +239,21 @@ def curve_lines(curve: Curve) -> list[str]:
                 ms(r.lag_p99_ms()),
                 f"{r.late:,}",
                 str(r.connections),
+                "-" if r.jobs_per_commit is None else f"{r.jobs_per_commit:.1f}",
                 "-" if r.cpu.server is None else f"{r.cpu.server:.2f}",
                 f"{r.cpu.generator:.2f}",
                 "-" if r.cpu.elsewhere is None else f"{r.cpu.elsewhere:.2f}",
             ]
         )
     head = ["load", f"offered {curve.unit}/s", "achieved", "p50 ms", "p99 ms", "p999 ms"]
-    head += ["max ms", "lag p99", "late", "conns", "srv CPU", "gen CPU", "other"]
+    head += ["max ms", "lag p99", "late", "conns", "req/txn", "srv CPU", "gen CPU", "other"]
     lines += table(head, rows)
     lines.append(
         f"  note: {curve.arrivals} arrivals; latency from each {curve.unit}'s intended start"
         f" to its last answer; lag = first write − intended start"
         " (the wait for a free connection, or the generator's own delay);"
-        f" late = started while all {curve.cap} connections were busy"
+        f" late = started while all {curve.cap} connections were busy;"
+        " req/txn = requests per group-commit transaction"
     )
     if any(p.run.cpu.generator >= 0.9 for p in curve.points):
         lines.append("  WARNING: the generator was saturated (>= 0.9 cores) at some rate")
