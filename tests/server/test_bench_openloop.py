@@ -20,7 +20,7 @@ from troth.bench import runner
 from troth.bench.client import Client
 from troth.bench.measure import Window
 from troth.bench.openloop import OpenLoop
-from troth.bench.options import Offered, Options, _loads, problems
+from troth.bench.options import Offered, Options, open_loop_loads, problems
 from troth.bench.svg import Line, Panel, chart
 
 SVG = "{http://www.w3.org/2000/svg}"
@@ -107,11 +107,11 @@ def test_without_a_cap_in_the_way_nothing_is_late() -> None:
 
 
 def test_loads_parse_sweep_percentages_and_rates() -> None:
-    assert _loads("sweep") == tuple(Offered(v, True) for v in (25, 50, 75, 90, 100))
-    assert _loads("50%, 2_000") == (Offered(50, True), Offered(2000, False))
+    assert open_loop_loads("sweep") == tuple(Offered(v, True) for v in (25, 50, 75, 90, 100))
+    assert open_loop_loads("50%, 2_000") == (Offered(50, True), Offered(2000, False))
     for bad in ("fast", "0", ""):
         with pytest.raises(argparse.ArgumentTypeError):
-            _loads(bad)
+            open_loop_loads(bad)
     assert problems(Options(chart="x.svg"))  # a chart needs --open-loop
     assert problems(Options(open_loop=(Offered(1, True),), workloads=("reads",)))
 

@@ -122,7 +122,7 @@ def _counts(text: str) -> tuple[int, ...]:
     return counts
 
 
-def _loads(text: str) -> tuple[Offered, ...]:
+def open_loop_loads(text: str) -> tuple[Offered, ...]:
     """``sweep``, or a list of percentages (``50%``) and rates (``2000``) in operations/s."""
     if text.strip() == "sweep":
         return tuple(Offered(v, True) for v in SWEEP)
@@ -238,7 +238,7 @@ def add_bench_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--open-loop",
-        type=_loads,
+        type=open_loop_loads,
         default=d.open_loop,
         metavar="LOADS",
         help="after the closed run of create-settle and lifecycle, offer fixed arrival rates"
