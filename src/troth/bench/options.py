@@ -22,6 +22,19 @@ NATS_WORKLOADS = ("create-settle-nats", "lifecycle-nats")
 SDKS = ("python", "typescript")
 SDK_STORES = ("sqlite", "memory", "postgres")
 PEERS = ("pgqueuer",)
+#: Workloads with an open-loop form (``--open-loop``; troth.bench.sweep).
+OPEN_LOOP = ("create-settle", "lifecycle")
+#: ``--open-loop sweep``: percentages of the closed-loop maximum.
+SWEEP = (25.0, 50.0, 75.0, 90.0, 100.0)
+ARRIVALS = ("uniform", "poisson")
+
+
+@dataclass(frozen=True)
+class Offered:
+    """One open-loop load: operations/s, or a percentage of the closed-loop maximum."""
+
+    value: float
+    percent: bool
 
 
 @dataclass(frozen=True)
@@ -71,6 +84,10 @@ class Options:
     #: The NATS the server of ``--url`` uses, for the NATS workloads; None: the bench
     #: starts a nats-server of its own (and gives its servers ``--nats-url``).
     nats_url: str | None = None
+    open_loop: tuple[Offered, ...] = ()  # open-loop loads after each closed run (none: off)
+    open_loop_cap: int = 512  # most connections (operations in flight) of the open loop
+    arrivals: str = "uniform"  # open-loop arrival process: uniform or poisson
+    chart: str | None = None  # SVG of the open-loop curves
 
 
 def _names(what: str, choices: Sequence[str]) -> Callable[[str], tuple[str, ...]]:
@@ -113,6 +130,29 @@ def _counts(text: str) -> tuple[int, ...]:
     if any(c < 1 for c in counts):
         raise argparse.ArgumentTypeError("--scale counts must be >= 1")
     return counts
+
+
+def open_loop_loads(text: str) -> tuple[Offered, ...]:
+    """``sweep``, or a list of percentages (``50%``) and rates (``2000``) in operations/s."""
+    if text.strip() == "sweep":
+        return tuple(Offered(v, True) for v in SWEEP)
+    loads = []
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            continue
+        percent = item.endswith("%")
+        try:
+            value = float(item.rstrip("%").replace("_", ""))
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"--open-loop wants 'sweep' or loads like 50%,90%,2000, not {text!r}"
+            ) from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError("--open-loop loads must be > 0")
+        loads.append(Offered(value, percent))
+    if not loads:
+        raise argparse.ArgumentTypeError("--open-loop needs at least one load")
+    return tuple(loads)
 
 
 def add_bench_flags(p: argparse.ArgumentParser) -> None:
@@ -219,6 +259,30 @@ def add_bench_flags(p: argparse.ArgumentParser) -> None:
         help="gil: only samples holding the GIL (where the server's one core of Python"
         " goes); active: every non-idle sample (includes time in fsync)",
     )
+    p.add_argument(
+        "--open-loop",
+        type=open_loop_loads,
+        default=d.open_loop,
+        metavar="LOADS",
+        help="after the closed run of create-settle and lifecycle, offer fixed arrival rates"
+        " (no coordinated omission): 'sweep' = 25%%,50%%,75%%,90%%,100%% of the closed-loop"
+        " maximum, or a list of percentages and operations/s such as 50%%,90%%,3000",
+    )
+    p.add_argument(
+        "--open-loop-cap",
+        type=int,
+        default=d.open_loop_cap,
+        help="most connections (operations in flight) of the open loop; operations due"
+        " while all are busy are counted late, still timed from their intended start"
+        f" ({d.open_loop_cap})",
+    )
+    p.add_argument(
+        "--arrivals",
+        choices=ARRIVALS,
+        default=d.arrivals,
+        help="open-loop arrivals: evenly spaced (uniform) or a Poisson process",
+    )
+    p.add_argument("--chart", help="write the open-loop curves to this SVG file")
     p.add_argument("--json", help="also write the results as JSON to this file")
     p.add_argument("--op-timeout", type=float, default=d.op_timeout)
     p.add_argument(
@@ -269,6 +333,10 @@ def options_from(args: argparse.Namespace) -> Options:
         sdks=args.sdks,
         sdk_stores=args.sdk_stores,
         nats_url=args.nats_url,
+        open_loop=args.open_loop,
+        open_loop_cap=args.open_loop_cap,
+        arrivals=args.arrivals,
+        chart=args.chart,
     )
 
 
@@ -285,4 +353,10 @@ def problems(opts: Options) -> list[str]:
         out.append("--peer-batch, --peer-jobs and --peer-inflight must be >= 1")
     if "sdk-steps" in opts.workloads and (opts.url or opts.steps < 2):
         out.append("sdk-steps starts its own servers (no --url) and needs --steps >= 2")
+    if opts.chart and not opts.open_loop:
+        out.append("--chart draws the open-loop curves: it needs --open-loop")
+    if opts.open_loop and not set(opts.workloads) & set(OPEN_LOOP):
+        out.append(f"--open-loop runs with the workloads {','.join(OPEN_LOOP)}: name one")
+    if opts.open_loop_cap < 1:
+        out.append("--open-loop-cap must be >= 1")
     return out

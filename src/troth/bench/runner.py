@@ -36,6 +36,7 @@ from troth.bench.measure import DbPids, rss_bytes, wait_quiet
 from troth.bench.nats import HOW_TO_GET, NatsRequests, NatsServerProcess, find_binary
 from troth.bench.options import (
     NATS_WORKLOADS,
+    OPEN_LOOP,
     Options,
     add_bench_flags,
     options_from,
@@ -63,6 +64,7 @@ from troth.bench.report import (
 from troth.bench.results import Limits, Result, ScalePoint
 from troth.bench.sdk_steps import StepRun, sdk_steps
 from troth.bench.seed import SeedIds, seed, seed_postgres
+from troth.bench.sweep import Curve, chart_of, curve_lines, open_loop
 from troth.bench.workloads import RUNNERS, Ctx, reads_of
 
 
@@ -76,6 +78,7 @@ class Report:
     scale: list[ScalePoint] = field(default_factory=list)
     peers: list[Result] = field(default_factory=list)  # the peer queues (--peers)
     sdk_steps: list[StepRun] = field(default_factory=list)  # --workloads sdk-steps
+    open_loop: list[Curve] = field(default_factory=list)  # --open-loop
     rss_at_rest: int | None = None
     rss_after: int | None = None
     ok: bool = True
@@ -89,6 +92,7 @@ class Report:
             "scale": [p.to_json() for p in self.scale],
             "peers": [r.to_json() for r in self.peers],
             "sdk_steps": [r.to_json() for r in self.sdk_steps],
+            "open_loop": [c.to_json() for c in self.open_loop],
             "rss_at_rest": self.rss_at_rest,
             "rss_after": self.rss_after,
             "ok": self.ok,
@@ -319,6 +323,8 @@ class Bench:
                     opts.clients,
                 )
             )
+        if opts.chart and self.report.open_loop:
+            self.write_chart(opts.chart)
         if opts.json:
             Path(opts.json).write_text(json.dumps(self.report.to_json(), indent=2))
         return self.report
@@ -360,6 +366,16 @@ class Bench:
     def nats_flags(self) -> list[str]:
         """What the servers the bench starts are given for NATS."""
         return ["--nats-url", self.nats_url] if self.nats_url and not self.opts.url else []
+
+    def write_chart(self, path: str) -> None:
+        s = self.report.settings
+        caption = (
+            f"troth bench --open-loop · store={s['store']} synchronous={s['synchronous']}"
+            f" · {s['cpus']} CPUs · {s['python']} · window {s['window_s']:g} s per rate"
+        )
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(chart_of(self.report.open_loop, caption))
+        self.say(f"open-loop chart written to {path}")
 
     async def sdk_steps(self) -> None:
         """The published SDKs' step latency (``troth.bench.sdk_steps``)."""
@@ -542,6 +558,11 @@ class Bench:
                     elif name in profiler.errors:
                         self.say(f"  profile: {profiler.errors[name]}")
                 self.say("")
+                if opts.open_loop and name in OPEN_LOOP and names is None:
+                    curve = await open_loop(ctx, name, result, self.quiet)
+                    curve.context = context
+                    self.report.open_loop.append(curve)
+                    self.say(*curve_lines(curve), "")
         finally:
             for c in [*clients, *ctx.extra, spare]:
                 c.close()
