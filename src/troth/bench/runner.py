@@ -522,7 +522,9 @@ class Bench:
             clients,
             spare,
             pid,
-            metrics_url=(host, port),
+            # One port over several processes (--one-port): each scrape of /metrics
+            # reaches whichever child accepts it, so commit counts cannot be summed.
+            metrics_url=None if isinstance(pid, list) and len(pid) > len(nodes) else (host, port),
             nodes=nodes,
             db_pids=db_pids,
         )
