@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -52,6 +53,25 @@ def serve(tmp_path: Path, *args: str) -> tuple[subprocess.Popen[bytes], int, Pat
     return proc, port, log
 
 
+def accepted(pid: int, port: int) -> int:
+    """Established connections to ``port`` that process ``pid`` holds (Linux /proc)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    held = 0
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local_port = int(fields[1].rsplit(":", 1)[1], 16)
+        if local_port == port and fields[3] == "01" and fields[9] in inodes:
+            held += 1
+    return held
+
+
 def ready(port: int) -> bool:
     try:
         return httpx.get(f"http://127.0.0.1:{port}/ready", timeout=2).status_code == 200
@@ -92,6 +112,19 @@ def test_workers_share_one_port_restart_the_dead_and_stop_together(
         first = children(proc.pid)
         for i in range(30):
             assert create(port, f"w{i}") in (200, 201)
+
+        # Kept-alive connections opened at once are spread over every child (each
+        # child listens on the port itself: SO_REUSEPORT), not taken by the first.
+        conns = [socket.create_connection(("127.0.0.1", port)) for _ in range(48)]
+        try:
+            for c in conns:
+                c.sendall(b"GET /health HTTP/1.1\r\nhost: t\r\n\r\n")
+                assert c.recv(4096).startswith(b"HTTP/1.1 200")
+            spread = [accepted(pid, port) for pid in first]
+            assert sum(spread) == 48 and min(spread) >= 4, spread
+        finally:
+            for c in conns:
+                c.close()
 
         # A child killed outright is started again; the service answers throughout.
         victim = first[0]
