@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from helpers.nats import NatsServer, nats_server
 from helpers.pg import throwaway_database
 from helpers.sdk_env import (
+    NATS_CONNECTOR,
     NodeSdk,
     Procs,
     PythonSdk,
@@ -27,6 +29,19 @@ def python_sdk() -> PythonSdk:
 @pytest.fixture(scope="module")
 def node_sdk() -> NodeSdk:
     return build_node_sdk()
+
+
+@pytest.fixture(scope="module")
+def broker() -> Iterator[NatsServer]:
+    """A NATS server of the module's own (the NATS SDK tests)."""
+    with nats_server() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def nats_sdk(broker: NatsServer) -> PythonSdk:
+    """The Python SDK with its NATS connector (resonate-nats)."""
+    return build_python_sdk(NATS_CONNECTOR)
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

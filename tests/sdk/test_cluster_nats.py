@@ -33,7 +33,6 @@ from __future__ import annotations
 import re
 import time
 from collections import Counter
-from collections.abc import Iterator
 
 import pytest
 
@@ -44,15 +43,13 @@ from helpers.cluster import (
     swarm_value,
     unsettled_claims,
 )
-from helpers.nats import NatsServer, nats_server
+from helpers.nats import NatsServer
 from helpers.sdk_env import (
     EXAMPLE_PY,
-    NATS_CONNECTOR,
     SHARED_EXAMPLES,
     Proc,
     Procs,
     PythonSdk,
-    build_python_sdk,
 )
 
 pytestmark = pytest.mark.timeout(420)
@@ -70,17 +67,6 @@ KILL_AFTER_STARTS = COUNT // 2
 #: Bound on the client program (undisturbed it takes a few seconds).
 RUN_TIMEOUT = 180.0
 ACCESS_NATS = re.compile(r"troth\.access \S+ corrId=\S+ status=\d+ .*via=nats")
-
-
-@pytest.fixture(scope="module")
-def broker() -> Iterator[NatsServer]:
-    with nats_server() as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def nats_sdk(broker: NatsServer) -> PythonSdk:
-    return build_python_sdk(NATS_CONNECTOR)
 
 
 def started(workers: dict[str, Proc]) -> int:

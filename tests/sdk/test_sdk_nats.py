@@ -16,14 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from helpers.nats import NatsServer, nats_server
+from helpers.nats import NatsServer
 from helpers.sdk_env import (
     EXAMPLE_PY,
-    NATS_CONNECTOR,
     SHARED_EXAMPLES,
     Procs,
     PythonSdk,
-    build_python_sdk,
     children_of_test,
 )
 from helpers.troth_process import TrothProcess
@@ -31,17 +29,6 @@ from helpers.troth_process import TrothProcess
 pytestmark = pytest.mark.timeout(180)
 
 EXPECTED = EXAMPLE_PY
-
-
-@pytest.fixture(scope="module")
-def broker() -> Iterator[NatsServer]:
-    with nats_server() as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def nats_sdk(broker: NatsServer) -> PythonSdk:
-    return build_python_sdk(NATS_CONNECTOR)
 
 
 @pytest.fixture

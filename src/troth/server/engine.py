@@ -245,24 +245,14 @@ class Engine:
                 self._run_exclusive(first)
                 continue
             works = [first]
-            stop = False
-            while len(works) < MAX_BATCH:
-                try:
-                    nxt = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if nxt is None:
-                    stop = True
-                    break
-                if nxt.exclusive is not None:
-                    if works:
-                        self._run_batch(works)
+            while True:
+                exclusive, stop = _drain(self._queue, works)
+                if works:
+                    self._run_batch(works)
                     works = []
-                    self._run_exclusive(nxt)
-                    continue
-                works.append(nxt)
-            if works:
-                self._run_batch(works)
+                if exclusive is None:
+                    break
+                self._run_exclusive(exclusive)  # between batches, then drain on
             if stop:
                 return
 
@@ -274,16 +264,7 @@ class Engine:
             if first is None:
                 return
             works = [first]
-            stop = False
-            while len(works) < MAX_BATCH:
-                try:
-                    nxt = self._reads.get_nowait()
-                except queue.Empty:
-                    break
-                if nxt is None:
-                    stop = True
-                    break
-                works.append(nxt)
+            _, stop = _drain(self._reads, works)
             jobs = [w.job for w in works if w.job is not None]
             try:
                 outcomes = self.store.read_many(jobs)
@@ -402,6 +383,25 @@ class Engine:
 
     def _next_deadline(self) -> int | None:
         return self.store.read(lambda tx: tx.next_deadline())
+
+
+def _drain(
+    waiting: queue.SimpleQueue[_Work | None], works: list[_Work]
+) -> tuple[_Work | None, bool]:
+    """Move the jobs waiting in ``waiting`` to ``works`` (up to :data:`MAX_BATCH`),
+    without blocking; stop at an exclusive item (returned: it runs between batches)
+    or at the stop mark (``True``)."""
+    while len(works) < MAX_BATCH:
+        try:
+            nxt = waiting.get_nowait()
+        except queue.Empty:
+            return None, False
+        if nxt is None:
+            return None, True
+        if nxt.exclusive is not None:
+            return nxt, False
+        works.append(nxt)
+    return None, False
 
 
 def _deliver(results: list[tuple[asyncio.Future[Any], Outcome[Any]]]) -> None:
