@@ -45,9 +45,7 @@ def _run(store: Store, reqs: list[rq.Req], now: int) -> None:
             if response.status >= 300:
                 raise RuntimeError(f"{req}: {response}")
 
-    outcome = store.execute([Job(job, now)])[0]
-    if outcome.error is not None:
-        raise outcome.error
+    store.execute([Job(job, now)])[0].result()
 
 
 def stuck_workflow(store: Store, root: str, now: int) -> None:

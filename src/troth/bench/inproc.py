@@ -52,8 +52,7 @@ def _job(req: rq.Req) -> Job[Any]:
 
 def _execute(store: SqliteStore, jobs: list[Job[Any]]) -> None:
     for outcome in store.execute(jobs):
-        if outcome.error is not None:
-            raise outcome.error
+        outcome.result()
 
 
 def _create_settle(store: SqliteStore, first: int) -> int:

@@ -101,8 +101,7 @@ def seed_store(
             settle = rq.PromiseSettle(id=id, state="resolved", value=Value(data="dHJ1ZQ=="))
             jobs.append(Job(_job(create, settle, now, config, head), now))
         for outcome in store.execute(jobs):
-            if outcome.error is not None:
-                raise outcome.error
+            outcome.result()
         if progress is not None:
             progress(min(base + BATCH, start + count) - start)
     return time.perf_counter() - started

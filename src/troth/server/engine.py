@@ -150,20 +150,32 @@ class Engine:
     # -- submitting work --------------------------------------------------------------
 
     async def outcome(
-        self, fn: Callable[[Overlay], T], now: int, keys: tuple[str, ...] = ()
+        self,
+        fn: Callable[[Overlay], T],
+        now: int,
+        keys: tuple[str, ...] = (),
+        *,
+        read_only: bool = False,
     ) -> Outcome[T]:
-        """Run ``fn`` as one job of a batch; what became of it (and what it wrote)."""
+        """Run ``fn`` as one job of a batch — the writer's, or with ``read_only`` a
+        reader thread's; what became of it (and what it wrote)."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Outcome[T]] = loop.create_future()
-        self._queue.put(_Work(Job(fn, now, keys), None, fut, loop))
+        waiting = self._reads if read_only else self._queue
+        waiting.put(_Work(Job(fn, now, keys), None, fut, loop))
         return await fut
 
-    async def run(self, fn: Callable[[Overlay], T], now: int, keys: tuple[str, ...] = ()) -> T:
-        """Run ``fn`` as one job of a batch; raises what the job raised."""
-        outcome = await self.outcome(fn, now, keys)
-        if outcome.error is not None:
-            raise outcome.error
-        return outcome.value  # type: ignore[return-value]
+    async def run(
+        self,
+        fn: Callable[[Overlay], T],
+        now: int,
+        keys: tuple[str, ...] = (),
+        *,
+        read_only: bool = False,
+    ) -> T:
+        """Run ``fn`` as one job of a batch (see :meth:`outcome`); raises what the job
+        raised."""
+        return (await self.outcome(fn, now, keys, read_only=read_only)).result()
 
     async def exclusive(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` on the writer thread between batches (reset, snapshot, ping)."""
@@ -185,13 +197,7 @@ class Engine:
                 except StoreUnavailable:
                     pass  # the reader would have to wait: the writer answers instead
             elif self._readers:
-                loop = asyncio.get_running_loop()
-                fut: asyncio.Future[Outcome[Response]] = loop.create_future()
-                self._reads.put(_Work(Job(job, now, lock_keys(req)), None, fut, loop))
-                outcome = await fut
-                if outcome.error is not None:
-                    raise outcome.error
-                return outcome.value  # type: ignore[return-value]
+                return await self.run(job, now, lock_keys(req), read_only=True)
         return await self.run(job, now, lock_keys(req))
 
     async def release(

@@ -212,6 +212,12 @@ class Outcome(Generic[T]):
     deadline: int | None = None
     messages: int = 0
 
+    def result(self) -> T:
+        """The job's value, or raise what it raised."""
+        if self.error is not None:
+            raise self.error
+        return self.value  # type: ignore[return-value]
+
     @classmethod
     def of(cls, value: T, writes: Writes) -> Outcome[T]:
         """A job that returned ``value`` having made ``writes`` (kept by the commit)."""
@@ -414,7 +420,5 @@ class Store(ABC):
     def read(self, fn: Callable[[Overlay], T]) -> T:
         """Run one job for its answer (the timer's ``next_deadline``); meant for jobs
         that write nothing."""
-        outcome = self.execute([Job(fn, 0)])[0]
-        if outcome.error is not None:
-            raise outcome.error
-        return outcome.value  # type: ignore[return-value]
+        outcome: Outcome[T] = self.execute([Job(fn, 0)])[0]
+        return outcome.result()

@@ -377,10 +377,8 @@ class SqliteStore(Store):
         conn = self._inline
         if conn is None:
             conn = self._inline = self._open_reader(busy_ms=0)
-        outcome = self._read_on(conn, [Job(fn, 0)])[0]
-        if outcome.error is not None:
-            raise outcome.error
-        return outcome.value  # type: ignore[return-value]
+        outcome: Outcome[T] = self._read_on(conn, [Job(fn, 0)])[0]
+        return outcome.result()
 
     def read_many(self, jobs: Sequence[Job[Any]]) -> list[Outcome[Any]]:
         """On the calling reader thread's own connection (searches: they may step
