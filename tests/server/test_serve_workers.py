@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -18,18 +19,13 @@ import pytest
 
 from helpers import pg
 from helpers.support import VERSION, free_port
+from troth.bench.procs import child_pids
 
 
 @pytest.fixture(scope="module")
 def pg_url() -> Iterator[str]:
     with pg.throwaway_database("troth_workers") as url:
         yield url
-
-
-def children(pid: int) -> list[int]:
-    """The supervisor's child processes (Linux: /proc/PID/task/PID/children)."""
-    text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
-    return sorted(int(c) for c in text.split())
 
 
 def wait_for(what: str, check: Callable[[], bool], timeout: float = 60.0) -> None:
@@ -40,7 +36,10 @@ def wait_for(what: str, check: Callable[[], bool], timeout: float = 60.0) -> Non
         time.sleep(0.1)
 
 
-def serve(tmp_path: Path, *args: str) -> tuple[subprocess.Popen[bytes], int, Path]:
+@contextmanager
+def serve(tmp_path: Path, *args: str) -> Iterator[tuple[subprocess.Popen[bytes], int, Path]]:
+    """``troth serve ARGS`` on a free port, its output in a log; killed if the test
+    left it running."""
     port = free_port()
     log = tmp_path / "serve.log"
     with open(log, "wb") as out:
@@ -50,7 +49,12 @@ def serve(tmp_path: Path, *args: str) -> tuple[subprocess.Popen[bytes], int, Pat
             stderr=subprocess.STDOUT,
             cwd=tmp_path,
         )
-    return proc, port, log
+    try:
+        yield proc, port, log
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def accepted(pid: int, port: int) -> int:
@@ -102,14 +106,15 @@ def test_workers_share_one_port_restart_the_dead_and_stop_together(
     pg_url: str, tmp_path: Path
 ) -> None:
     pg.fresh_store(pg_url).close()
-    proc, port, log = serve(
-        tmp_path, "--store", "postgres", "--postgres-url", pg_url, "--workers", "3"
-    )
-    try:
+    with serve(tmp_path, "--store", "postgres", "--postgres-url", pg_url, "--workers", "3") as (
+        proc,
+        port,
+        log,
+    ):
         wait_for("the service to answer", lambda: ready(port))
-        wait_for("three children", lambda: len(children(proc.pid)) == 3)
+        wait_for("three children", lambda: len(child_pids(proc.pid)) == 3)
         wait_for("three nodes", lambda: len(nodes(pg_url)) == 3)
-        first = children(proc.pid)
+        first = child_pids(proc.pid)
         for i in range(30):
             assert create(port, f"w{i}") in (200, 201)
 
@@ -131,7 +136,7 @@ def test_workers_share_one_port_restart_the_dead_and_stop_together(
         os.kill(victim, signal.SIGKILL)
         wait_for(
             "the dead child to be replaced",
-            lambda: len(children(proc.pid)) == 3 and victim not in children(proc.pid),
+            lambda: len(child_pids(proc.pid)) == 3 and victim not in child_pids(proc.pid),
         )
         for i in range(30, 60):
             assert create(port, f"w{i}") in (200, 201)
@@ -142,7 +147,7 @@ def test_workers_share_one_port_restart_the_dead_and_stop_together(
         assert "exited with signal SIGKILL" in text, text[-2000:]
 
         # SIGTERM to the supervisor stops every child gracefully, and it exits 0.
-        alive = children(proc.pid)
+        alive = child_pids(proc.pid)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0, log.read_text()[-2000:]
         for pid in alive:
@@ -151,31 +156,24 @@ def test_workers_share_one_port_restart_the_dead_and_stop_together(
         with psycopg.connect(pg_url) as conn:
             stored = conn.execute("SELECT count(*) FROM promises").fetchone()
         assert stored is not None and stored[0] == 60
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
 
 
 def test_children_stop_when_the_supervisor_is_killed(pg_url: str, tmp_path: Path) -> None:
     """No orphan node keeps serving the port with nobody watching it."""
     pg.fresh_store(pg_url).close()
-    proc, port, _ = serve(
-        tmp_path, "--store", "postgres", "--postgres-url", pg_url, "--workers", "2"
-    )
-    try:
+    with serve(tmp_path, "--store", "postgres", "--postgres-url", pg_url, "--workers", "2") as (
+        proc,
+        port,
+        _,
+    ):
         wait_for("the service to answer", lambda: ready(port))
-        wait_for("two children", lambda: len(children(proc.pid)) == 2)
-        kids = children(proc.pid)
+        wait_for("two children", lambda: len(child_pids(proc.pid)) == 2)
+        kids = child_pids(proc.pid)
         proc.kill()
         proc.wait()
         for pid in kids:
             wait_for(f"child {pid} to exit", lambda pid=pid: not _running(pid))
         assert not ready(port)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
 
 
 def _running(pid: int) -> bool:
@@ -189,6 +187,6 @@ def _running(pid: int) -> bool:
 
 @pytest.mark.parametrize("store", ["sqlite", "memory"])
 def test_workers_need_postgres(store: str, tmp_path: Path) -> None:
-    proc, _, log = serve(tmp_path, "--store", store, "--workers", "2")
-    assert proc.wait(30) == 2
-    assert "workers > 1 needs store postgres" in log.read_text()
+    with serve(tmp_path, "--store", store, "--workers", "2") as (proc, _, log):
+        assert proc.wait(30) == 2
+        assert "workers > 1 needs store postgres" in log.read_text()

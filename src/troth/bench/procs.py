@@ -31,6 +31,16 @@ def clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("TROTH_")}
 
 
+def child_pids(pid: int) -> list[int]:
+    """The child processes of ``pid``, sorted (Linux: /proc/PID/task/PID/children);
+    none when it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return sorted(int(c) for c in text.split())
+
+
 class ServerProcess:
     """A server subprocess on a free local port, with its log in ``workdir``."""
 
@@ -93,14 +103,10 @@ class ServerProcess:
         children (whose CPU and memory are the server's; the supervisor only waits)."""
         if "--workers" not in self.argv:
             return [self.pid]
+        wanted = int(self.argv[self.argv.index("--workers") + 1])
         deadline = time.monotonic() + 30
         while True:
-            try:
-                text = Path(f"/proc/{self.pid}/task/{self.pid}/children").read_text()
-            except OSError:
-                text = ""
-            children = sorted(int(c) for c in text.split())
-            wanted = int(self.argv[self.argv.index("--workers") + 1])
+            children = child_pids(self.pid)
             if len(children) >= wanted or time.monotonic() > deadline:
                 return children or [self.pid]
             time.sleep(0.05)

@@ -158,32 +158,9 @@ def configure_logging(settings: Settings) -> None:
 
 def serve(settings: Settings) -> int:
     """``troth serve``: one process, or with ``workers`` > 1 a supervisor of that many
-    (``server/workers.py``)."""
+    (``server/workers.py``).  A bad key or certificate is refused here, once, with one
+    clear line (exit 2), before any process serves."""
     configure_logging(settings)
-    if settings.workers > 1:
-        try:  # refuse a bad key or certificate once, before any child starts
-            Authenticator.from_settings(
-                settings.auth_publickey, settings.auth_issuer, settings.auth_audience
-            )
-            check_tls(settings)
-        except ConfigError as exc:
-            print(f"troth: {exc}", file=sys.stderr)
-            return 2
-        from troth.server.workers import supervise
-
-        return supervise(settings)
-    return serve_on(settings, None)
-
-
-def serve_on(settings: Settings, sock: socket.socket | None) -> int:
-    """One troth process: on ``sock`` (a supervisor's shared socket) or binding
-    ``host``/``port`` itself."""
-    configure_logging(settings)
-    # The writer thread releases the GIL around every SQLite call; with the default
-    # 5 ms switch interval, taking it back waits behind the event loop and each group
-    # commit stalls for milliseconds.  A short interval keeps the hand-offs short.
-    sys.setswitchinterval(SWITCH_INTERVAL)
-    log = logging.getLogger("troth")
     try:
         auth = Authenticator.from_settings(
             settings.auth_publickey, settings.auth_issuer, settings.auth_audience
@@ -192,7 +169,22 @@ def serve_on(settings: Settings, sock: socket.socket | None) -> int:
     except ConfigError as exc:
         print(f"troth: {exc}", file=sys.stderr)
         return 2
-    announce_auth(settings, auth, log)
+    announce_auth(settings, auth, logging.getLogger("troth"))
+    if settings.workers > 1:
+        from troth.server.workers import supervise
+
+        return supervise(settings)
+    return serve_on(settings, None)
+
+
+def serve_on(settings: Settings, sock: socket.socket | None) -> int:
+    """One troth process, its settings checked by :func:`serve`: on ``sock`` (a
+    ``--workers`` child's) or binding ``host``/``port`` itself."""
+    # The writer thread releases the GIL around every SQLite call; with the default
+    # 5 ms switch interval, taking it back waits behind the event loop and each group
+    # commit stalls for milliseconds.  A short interval keeps the hand-offs short.
+    sys.setswitchinterval(SWITCH_INTERVAL)
+    log = logging.getLogger("troth")
     app = build_app(settings)
     log.info(
         "troth listening on %s://%s:%d (store=%s%s, debug=%s)",

@@ -132,6 +132,9 @@ class Supervisor:
                 lived,
             )
             process.close()
+            # Gone from the children until started again: a stop that comes during
+            # the pause below must not find (and query) a closed process.
+            del self.children[index]
             self.deaths = self.deaths + 1 if lived < YOUNG else 0
             if self.deaths:
                 pause = min(MAX_PAUSE, 0.5 * 2 ** (self.deaths - 1))
