@@ -38,6 +38,23 @@ _encode = msgspec.json.Encoder().encode
 _corr = itertools.count(1)
 
 
+def request_body(kind: str, corr: str, data: Any) -> bytes:
+    """A request envelope as the SDKs send it (over HTTP or NATS alike)."""
+    return _encode({"kind": kind, "head": {"corrId": corr, "version": VERSION}, "data": data})
+
+
+def checked_reply(kind: str, corr: str, raw: bytes) -> _Reply:
+    """The reply to request ``kind``/``corr``; a reply that does not decode, or that
+    answers another request, fails the workload."""
+    try:
+        reply = _decode_reply(raw)
+    except msgspec.DecodeError as exc:
+        raise BenchFailure(f"{kind}: undecodable reply {raw[:200]!r}: {exc}") from None
+    if reply.kind != kind or reply.head.corrId != corr:
+        raise BenchFailure(f"{kind} {corr}: reply is for {reply.kind} {reply.head.corrId}")
+    return reply
+
+
 class Client:
     """One keep-alive connection that speaks the protocol envelope."""
 
@@ -61,7 +78,7 @@ class Client:
         bytes reached this process, so time the generator spends before it gets round
         to the reply (parsing, other clients) is not charged to the server."""
         corr = f"{self.name}-{next(_corr)}"
-        body = _encode({"kind": kind, "head": {"corrId": corr, "version": VERSION}, "data": data})
+        body = request_body(kind, corr, data)
         if self.conn.lost is not None:
             # The server closes idle keep-alive connections (uvicorn: after 5 s); a
             # client that sat out a workload reconnects before it sends anything.
@@ -69,12 +86,7 @@ class Client:
             self.reconnects += 1
         http_status, raw = await self.conn.post(body)
         elapsed = self.conn.read_at - self.conn.sent_at
-        try:
-            reply = _decode_reply(raw)
-        except msgspec.DecodeError as exc:
-            raise BenchFailure(f"{kind}: undecodable reply {raw[:200]!r}: {exc}") from None
-        if reply.kind != kind or reply.head.corrId != corr:
-            raise BenchFailure(f"{kind} {corr}: reply is for {reply.kind} {reply.head.corrId}")
+        reply = checked_reply(kind, corr, raw)
         if reply.head.status != http_status:
             raise BenchFailure(
                 f"{kind}: HTTP status {http_status} differs from head.status {reply.head.status}"

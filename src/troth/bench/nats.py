@@ -33,7 +33,7 @@ import nats
 from nats.aio.client import Client as NatsConnection
 from nats.aio.msg import Msg
 
-from troth.bench.client import VERSION, BenchFailure, Client, _decode_reply, _encode
+from troth.bench.client import BenchFailure, Client, checked_reply, request_body
 from troth.bench.options import NATS_WORKLOADS
 from troth.bench.procs import free_port
 
@@ -157,13 +157,7 @@ class NatsRequests:
 
     async def ready(self, timeout: float) -> None:
         """Wait until some troth node serves requests (it subscribes once connected)."""
-        body = _encode(
-            {
-                "kind": "promise.get",
-                "head": {"corrId": "probe", "version": VERSION},
-                "data": {"id": "troth-bench-nats-probe"},
-            }
-        )
+        body = request_body("promise.get", "probe", {"id": "troth-bench-nats-probe"})
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -203,15 +197,10 @@ class NatsClient(Client):
 
     async def call(self, kind: str, data: Any) -> tuple[int, Any, float]:
         corr = f"{self.name}-{next(_corr)}"
-        body = _encode({"kind": kind, "head": {"corrId": corr, "version": VERSION}, "data": data})
+        body = request_body(kind, corr, data)
         sent_at = time.perf_counter()
         raw, self._read_at = await self.requests.ask(self.subject, body, self.timeout)
-        try:
-            reply = _decode_reply(raw)
-        except msgspec.DecodeError as exc:
-            raise BenchFailure(f"{kind}: undecodable reply {raw[:200]!r}: {exc}") from None
-        if reply.kind != kind or reply.head.corrId != corr:
-            raise BenchFailure(f"{kind} {corr}: reply is for {reply.kind} {reply.head.corrId}")
+        reply = checked_reply(kind, corr, raw)
         return reply.head.status, msgspec.json.decode(reply.data), self._read_at - sent_at
 
     def close(self) -> None:
