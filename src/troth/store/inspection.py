@@ -112,8 +112,9 @@ class Inspection(ABC):
         """Promises by id prefix, stored state and tags, in id order after ``after``,
         looking at no more than ``window`` of them: a tag no index covers costs a
         bounded read per call, never a scan of the table (``promise.search`` scans
-        until it has a page, holding a reader thread that long).  ``next`` continues where it stopped,
-        whether it stopped for a full page or at the end of its window."""
+        until it has a page, holding a reader thread that long).  ``next`` continues
+        where it stopped, whether it stopped for a full page or at the end of its
+        window."""
         origin = tags.get(TAG_ORIGIN)
         matched: list[str] = []
         last, examined, exhausted = after, 0, False
