@@ -10,6 +10,7 @@ presence and its claims.  The SDK-level test with a SIGKILLed node is
 
 from __future__ import annotations
 
+import math
 import queue
 import time
 from collections.abc import Callable, Iterator
@@ -175,6 +176,11 @@ def test_a_deadline_armed_on_one_node_wakes_the_other_nodes_timer(
     nodes: tuple[RunningServer, RunningServer],
 ) -> None:
     a, b = nodes
+    # Resumed by debug.stop, b's timer sleeps until -inf until its first pass has read
+    # the (emptied) store; a deadline committed before that pass is earlier than
+    # nothing b knows, so b would not announce it (the pass finds it instead).  Under
+    # load that pass can come late: start from a timer that has read the store.
+    wait_for("b's timer to have read the store", lambda: b.app.engine._target == math.inf)
     deadline = int(time.time() * 1000) + 600_000
     b.ok(
         "promise.create", {"id": "timer", "timeoutAt": deadline, "tags": {"resonate:timer": "true"}}
