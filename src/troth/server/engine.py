@@ -1,9 +1,12 @@
 """The engine: runs requests in store transactions and drives the timer.
 
-One writer thread owns the store.  It takes every request that is waiting, runs them
-in one transaction (group commit: one fsync for the batch, each request isolated in
-its own overlay), commits once and answers them all.  The event loop never blocks on
-SQLite.
+Every request waiting is run in one transaction (group commit: one fsync for the
+batch, each request isolated in its own overlay), committed once, and answered.  One
+writer thread owns the store's connection.  For a store with ``loop_batches`` (SQLite)
+the event loop runs the batch itself and lends the connection to the writer thread
+only for the COMMIT — the one step that waits (the fsync) — and for exclusive work
+(snapshots, the outbox lifecycle, retention); the loop never waits for the disk.
+Other stores' batches (PostgreSQL: round trips) run whole on the writer thread.
 
 The timer sleeps until the store's earliest deadline.  A commit that armed an
 earlier deadline wakes it at once; there is no polling tick.  Its unit of work is
@@ -14,6 +17,7 @@ shutdown.
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import logging
 import math
@@ -29,7 +33,7 @@ from troth.machine.internal import Config
 from troth.machine.state import Response
 from troth.protocol import requests as rq
 from troth.server.waiting import cancel_and_wait, wait_event
-from troth.store.base import Job, Outcome, Overlay, Store, StoreUnavailable
+from troth.store.base import Job, Outcome, Overlay, Store, StoreBusy, StoreUnavailable
 
 log = logging.getLogger("troth.engine")
 T = TypeVar("T")
@@ -62,6 +66,11 @@ class _Work:
     exclusive: Callable[[], Any] | None
     future: asyncio.Future[Any]
     loop: asyncio.AbstractEventLoop
+
+
+#: What the writer's queue holds: a job or exclusive work (a store without
+#: ``loop_batches``), something lent by the event loop (with it), or the stop mark.
+_Item = _Work | Callable[[], None] | None
 
 
 @dataclass(frozen=True)
@@ -107,7 +116,13 @@ class Engine:
         self.on_deadline: Callable[[int], None] | None = None
         self.stats = EngineStats()
         self.paused = False
-        self._queue: queue.SimpleQueue[_Work | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
+        #: ``loop_batches``: work waiting on the event loop; whether a run of
+        #: :meth:`_kick` is scheduled; whether the connection is lent to the writer
+        #: thread (a COMMIT or exclusive work in progress there).
+        self._pending: collections.deque[_Work] = collections.deque()
+        self._kicked = False
+        self._lent = False
         self._thread: threading.Thread | None = None
         self._reads: queue.SimpleQueue[_Work | None] = queue.SimpleQueue()
         self._readers: list[threading.Thread] = []
@@ -136,6 +151,8 @@ class Engine:
         """Stop the timer, let the writer finish what was queued, close the store."""
         await cancel_and_wait(self._timer)
         self._timer = None
+        while self._pending or self._lent:  # loop_batches: what was queued, committed
+            await asyncio.sleep(0.001)
         readers, self._readers = self._readers, []
         for _ in readers:
             self._reads.put(None)
@@ -161,8 +178,13 @@ class Engine:
         reader thread's; what became of it (and what it wrote)."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Outcome[T]] = loop.create_future()
-        waiting = self._reads if read_only else self._queue
-        waiting.put(_Work(Job(fn, now, keys), None, fut, loop))
+        work = _Work(Job(fn, now, keys), None, fut, loop)
+        if read_only:
+            self._reads.put(work)
+        elif self.store.loop_batches:
+            self._submit(work)
+        else:
+            self._queue.put(work)
         return await fut
 
     async def run(
@@ -180,6 +202,10 @@ class Engine:
     async def exclusive(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` on the writer thread between batches (reset, snapshot, ping)."""
         loop = asyncio.get_running_loop()
+        if self.store.loop_batches:  # answered with an Outcome, by _returned
+            done: asyncio.Future[Outcome[T]] = loop.create_future()
+            self._submit(_Work(None, fn, done, loop))
+            return (await done).result()
         fut: asyncio.Future[T] = loop.create_future()
         self._queue.put(_Work(None, fn, fut, loop))
         return await fut
@@ -240,6 +266,86 @@ class Engine:
         if self.on_resume is not None:
             self.on_resume()
 
+    # -- batches on the event loop (loop_batches) ---------------------------------------
+
+    def _submit(self, work: _Work) -> None:
+        """Queue ``work`` on the event loop; the batch runs once the callbacks ready now
+        have run (so requests read in the same loop pass share it)."""
+        self._pending.append(work)
+        if not self._kicked and not self._lent:
+            self._kicked = True
+            work.loop.call_soon(self._kick)
+
+    def _resubmit(self, works: list[_Work]) -> None:
+        for work in works:
+            self._submit(work)
+
+    def _kick(self) -> None:
+        """Run what waits: exclusive work is lent to the writer thread; a batch runs
+        here up to its COMMIT, which is lent to the writer thread.  Either way the
+        connection comes back through :meth:`_returned`."""
+        self._kicked = False
+        pending = self._pending
+        if self._lent or not pending:
+            return
+        if pending[0].exclusive is not None:
+            self._lend(functools.partial(self._run_exclusive, pending.popleft()))
+            return
+        works: list[_Work] = []
+        while pending and len(works) < MAX_BATCH and pending[0].exclusive is None:
+            works.append(pending.popleft())
+        jobs = [w.job for w in works if w.job is not None]
+        store = self.store
+        store.lock.acquire()
+        try:
+            outcomes = store.run_open(jobs, nowait=True)
+        except StoreBusy as exc:
+            # Another process holds the file's write lock: the writer thread may wait.
+            store.lock.release()
+            log.debug("batch goes to the writer thread: %s", exc)
+            self._lend(functools.partial(self._run_batch, works))
+            return
+        except BaseException as exc:
+            try:
+                store.rollback()
+            finally:
+                store.lock.release()
+            log.exception("batch of %d failed", len(works))
+            self._answer(works, [Outcome(error=exc) for _ in works], returned=False)
+            self._kicked = True
+            works[0].loop.call_soon(self._kick)
+            return
+        self._lend(functools.partial(self._commit_lent, works, outcomes))
+
+    def _lend(self, fn: Callable[[], None]) -> None:
+        self._lent = True
+        self._queue.put(fn)
+
+    def _commit_lent(self, works: list[_Work], outcomes: list[Outcome[Any]]) -> None:
+        """On the writer thread, holding the store's lock the loop took: commit the
+        batch the loop ran, and answer it."""
+        store = self.store
+        try:
+            store.commit()
+        except BaseException as exc:
+            log.exception("commit of a batch of %d failed", len(works))
+            try:
+                store.rollback()
+            finally:
+                outcomes = [Outcome(error=exc) for _ in works]
+        finally:
+            store.lock.release()
+        self._answer(works, outcomes, returned=True)
+
+    def _returned(self, results: list[tuple[asyncio.Future[Any], Outcome[Any]]]) -> None:
+        """On the event loop: the writer thread is done with the connection."""
+        _deliver(results)
+        self._lent = False
+        if self._pending and not self._kicked:
+            # After the callbacks just made ready: the answers go out first.
+            self._kicked = True
+            asyncio.get_running_loop().call_soon(self._kick)
+
     # -- the writer thread --------------------------------------------------------------
 
     def _writer(self) -> None:
@@ -247,8 +353,8 @@ class Engine:
             first = self._queue.get()
             if first is None:
                 return
-            if first.exclusive is not None:
-                self._run_exclusive(first)
+            if not isinstance(first, _Work) or first.exclusive is not None:
+                self._run_alone(first)
                 continue
             works = [first]
             while True:
@@ -258,9 +364,15 @@ class Engine:
                     works = []
                 if exclusive is None:
                     break
-                self._run_exclusive(exclusive)  # between batches, then drain on
+                self._run_alone(exclusive)  # between batches, then drain on
             if stop:
                 return
+
+    def _run_alone(self, item: _Work | Callable[[], None]) -> None:
+        if isinstance(item, _Work):
+            self._run_exclusive(item)
+        else:
+            item()  # loop_batches: a COMMIT, exclusive work, a batch that may wait
 
     def _reader(self) -> None:
         """A reader thread: every read waiting, answered from one read snapshot; when
@@ -276,8 +388,11 @@ class Engine:
                 outcomes = self.store.read_many(jobs)
             except StoreUnavailable as exc:
                 log.debug("reads go through the writer: %s", exc)
-                for w in works:
-                    self._queue.put(w)
+                if self.store.loop_batches:
+                    works[0].loop.call_soon_threadsafe(self._resubmit, works)
+                else:
+                    for w in works:
+                        self._queue.put(w)
             except BaseException as exc:
                 log.exception("batch of %d reads failed", len(works))
                 failed = [(w.future, Outcome[Any](error=exc)) for w in works]
@@ -291,11 +406,15 @@ class Engine:
     def _run_exclusive(self, work: _Work) -> None:
         assert work.exclusive is not None
         try:
-            value = work.exclusive()
+            outcome = Outcome[Any](value=work.exclusive())
         except BaseException as exc:
-            work.loop.call_soon_threadsafe(_set_exception, work.future, exc)
+            outcome = Outcome(error=exc)
+        if self.store.loop_batches:
+            work.loop.call_soon_threadsafe(self._returned, [(work.future, outcome)])
+        elif outcome.error is not None:
+            work.loop.call_soon_threadsafe(_set_exception, work.future, outcome.error)
         else:
-            work.loop.call_soon_threadsafe(_set_result, work.future, value)
+            work.loop.call_soon_threadsafe(_set_result, work.future, outcome.value)
 
     def _run_batch(self, works: list[_Work]) -> None:
         jobs = [w.job for w in works if w.job is not None]
@@ -304,6 +423,12 @@ class Engine:
         except BaseException as exc:  # the store itself broke: fail the batch
             log.exception("batch of %d failed", len(works))
             outcomes = [Outcome(error=exc) for _ in works]
+        self._answer(works, outcomes, returned=self.store.loop_batches)
+
+    def _answer(self, works: list[_Work], outcomes: list[Outcome[Any]], *, returned: bool) -> None:
+        """After a batch (committed or failed): count it, answer its requests, wake the
+        timer for an earlier deadline, run :attr:`on_commit`; with ``returned``, give
+        the connection back to the event loop (:meth:`_returned`)."""
         self.stats.batches += 1
         self.stats.jobs += len(works)
         self.stats.largest_batch = max(self.stats.largest_batch, len(works))
@@ -325,6 +450,9 @@ class Engine:
                     log.warning("could not announce deadline %d: %s", earliest, exc)
         if self.on_commit is not None:
             self.on_commit(Commit(len(works), messages))
+        if returned:
+            # After on_commit: the delivery's claim uses the connection too.
+            loop.call_soon_threadsafe(self._returned, [])
 
     # -- the timer ------------------------------------------------------------------------
 
@@ -392,8 +520,8 @@ class Engine:
 
 
 def _drain(
-    waiting: queue.SimpleQueue[_Work | None], works: list[_Work]
-) -> tuple[_Work | None, bool]:
+    waiting: queue.SimpleQueue[_Item] | queue.SimpleQueue[_Work | None], works: list[_Work]
+) -> tuple[_Work | Callable[[], None] | None, bool]:
     """Move the jobs waiting in ``waiting`` to ``works`` (up to :data:`MAX_BATCH`),
     without blocking; stop at an exclusive item (returned: it runs between batches)
     or at the stop mark (``True``)."""
@@ -404,7 +532,7 @@ def _drain(
             return None, False
         if nxt is None:
             return None, True
-        if nxt.exclusive is not None:
+        if not isinstance(nxt, _Work) or nxt.exclusive is not None:
             return nxt, False
         works.append(nxt)
     return None, False

@@ -244,6 +244,11 @@ class StoreUnavailable(Exception):
     """The store cannot answer (503 at ``/ready`` and for a request)."""
 
 
+class StoreBusy(Exception):
+    """Beginning a write transaction would wait for another writer (another process
+    on the same SQLite file): the caller hands the batch to a thread that may wait."""
+
+
 def read_only(
     backend: Backend, job: Job[T], store_errors: tuple[type[Exception], ...]
 ) -> Outcome[T]:
@@ -358,6 +363,14 @@ class Store(ABC):
     #: batch (SQLite: ~15 % of the writer, docs/benchmarks.md).
     savepoints: bool = True
 
+    #: Whether the engine may run batches on the event loop's thread and only their
+    #: COMMIT on the writer thread (:meth:`run_open`).  A SQLite batch is Python and
+    #: in-process SQL, on the GIL whichever thread runs it; run on the writer thread
+    #: it hands the GIL back and forth with the event loop at every statement (SQLite
+    #: lets go of it for each step), which cost a fifth of the server's CPU in
+    #: context switches (docs/benchmarks.md).  Only the fsync in COMMIT waits.
+    loop_batches: bool = False
+
     def execute(self, jobs: Sequence[Job[Any]]) -> list[Outcome[Any]]:
         """Run every job in its own overlay, in order, in one transaction; commit once.
 
@@ -365,30 +378,41 @@ class Store(ABC):
         of the batch gets that error (nothing of the batch was acknowledged).
         """
         with self.lock:
-            aside: dict[int, BaseException] = {}
-            while True:
+            try:
+                outcomes = self.run_open(jobs)
+                self.commit()
+            except Exception as exc:
                 try:
-                    outcomes = self._batch(jobs, aside)
-                    self.commit()
-                except _ApplyFailed as failed:
-                    # Its writes went in half way: start over without it (its jobs
-                    # are pure functions of the store, so a re-run is the same run).
                     self.rollback()
-                    aside[failed.index] = failed.error
-                    continue
-                except Exception as exc:
-                    try:
-                        self.rollback()
-                    finally:
-                        failed_all = [Outcome[Any](error=exc) for _ in jobs]
-                    return failed_all
-                return outcomes
+                finally:
+                    failed_all = [Outcome[Any](error=exc) for _ in jobs]
+                return failed_all
+            return outcomes
+
+    def run_open(self, jobs: Sequence[Job[Any]], *, nowait: bool = False) -> list[Outcome[Any]]:
+        """The batch of :meth:`execute` up to its commit: its transaction is left open
+        for the caller (holding :attr:`lock`) to commit or roll back.  With ``nowait``
+        it raises :class:`StoreBusy` at once, having begun nothing, where beginning
+        would wait for another writer."""
+        aside: dict[int, BaseException] = {}
+        while True:
+            try:
+                return self._batch(jobs, aside, nowait)
+            except _ApplyFailed as failed:
+                # Its writes went in half way: start over without it (its jobs are
+                # pure functions of the store, so a re-run is the same run).
+                self.rollback()
+                aside[failed.index] = failed.error
+
+    def begin_nowait(self) -> Backend:
+        """:meth:`begin`, raising :class:`StoreBusy` where it would wait."""
+        return self.begin()
 
     def _batch(
-        self, jobs: Sequence[Job[Any]], aside: dict[int, BaseException]
+        self, jobs: Sequence[Job[Any]], aside: dict[int, BaseException], nowait: bool = False
     ) -> list[Outcome[Any]]:
         outcomes: list[Outcome[Any]] = []
-        backend = self.begin()
+        backend = self.begin_nowait() if nowait else self.begin()
         for i, job in enumerate(jobs):
             if i in aside:
                 outcomes.append(Outcome(error=aside[i]))

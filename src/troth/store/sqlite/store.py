@@ -19,7 +19,16 @@ from typing import Any, Final, TypeVar
 
 from troth.outbox.rows import OutboxRow
 from troth.protocol.records import PENDING, TAG_ORIGIN, Promise, Schedule, Tags, Task
-from troth.store.base import Backend, Job, Outcome, Overlay, Store, StoreUnavailable, read_only
+from troth.store.base import (
+    Backend,
+    Job,
+    Outcome,
+    Overlay,
+    Store,
+    StoreBusy,
+    StoreUnavailable,
+    read_only,
+)
 from troth.store.codec import PROMISE_COLS, SCHEDULE_COLS, TASK_COLS, RowCodec
 from troth.store.inspection import Inspection, SqlInspection
 from troth.store.migrate import check_version, migrate
@@ -32,6 +41,9 @@ from troth.store.writes import Writes
 __all__ = ["CODEC", "SqliteBackend", "SqliteOutbox", "SqliteStore"]
 
 T = TypeVar("T")
+
+#: Milliseconds the writer's connection waits for another process's write lock.
+BUSY_MS: Final = 5000
 
 # -- integers ---------------------------------------------------------------------------
 
@@ -262,7 +274,7 @@ class SqliteStore(Store):
         self.synchronous = mode
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         try:
-            conn.execute("PRAGMA busy_timeout = 5000")
+            conn.execute(f"PRAGMA busy_timeout = {BUSY_MS}")
             # Refuse a newer schema before anything (even the journal mode) is changed.
             if check_version(SqliteSchema(conn)) == 0:
                 # A new file: deleted rows' pages can be given back (retention, reclaim);
@@ -288,6 +300,7 @@ class SqliteStore(Store):
         self.inline_reads = self.pooled_reads = self.path not in (":memory:", "")
         #: A failed apply rolls the batch back and re-runs it (Store.savepoints).
         self.savepoints = False
+        self.loop_batches = True
 
     # -- transactions --------------------------------------------------------------------
 
@@ -297,6 +310,21 @@ class SqliteStore(Store):
             # nothing of it was acknowledged, so dropping it is the right thing.
             self.conn.execute("ROLLBACK")
         self.conn.execute("BEGIN IMMEDIATE")
+        return self.backend
+
+    def begin_nowait(self) -> Backend:
+        """On the event loop: another process holding the file's write lock must not
+        stall it for ``busy_timeout``; the batch goes to the writer thread instead."""
+        conn = self.conn
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        conn.execute("PRAGMA busy_timeout = 0")
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            raise StoreBusy(str(exc)) from exc
+        finally:
+            conn.execute(f"PRAGMA busy_timeout = {BUSY_MS}")
         return self.backend
 
     def commit(self) -> None:

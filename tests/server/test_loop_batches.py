@@ -1,0 +1,220 @@
+"""SQLite batches run on the event loop; only their COMMIT and exclusive work on the
+writer thread (``Store.loop_batches``, issue 16 item 1).
+
+What must hold: requests waiting together still share one transaction (group
+commit), a batch is answered only once its COMMIT returned, exclusive work runs
+between batches and in submission order, a commit that fails fails its whole batch
+and leaves nothing behind, and another process holding the file's write lock never
+stalls the event loop (the batch waits on the writer thread instead).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from troth.machine.internal import Config
+from troth.protocol.records import Promise, Value
+from troth.server.engine import Engine
+from troth.store.base import Overlay
+from troth.store.sqlite import SqliteStore
+
+
+def pending(id: str) -> Promise:
+    return Promise(
+        id=id,
+        state="pending",
+        param=Value(),
+        value=Value(),
+        tags={},
+        timeout_at=10**12,
+        created_at=0,
+    )
+
+
+def create(id: str) -> Any:
+    """A job that stores promise ``id`` and says on which thread it ran."""
+
+    def job(tx: Overlay) -> int:
+        tx.set_promise(pending(id))
+        return threading.get_ident()
+
+    return job
+
+
+def stored(path: Path) -> set[str]:
+    conn = sqlite3.connect(path)
+    try:
+        return {row[0] for row in conn.execute("SELECT id FROM promises")}
+    finally:
+        conn.close()
+
+
+class CommitSpy(SqliteStore):
+    """A real SQLite store that records where COMMIT ran, and can be made to fail it
+    (a failed COMMIT cannot be provoked on a healthy file)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.commit_threads: list[int] = []
+        self.fail_commits = 0
+
+    def commit(self) -> None:
+        self.commit_threads.append(threading.get_ident())
+        if self.fail_commits:
+            self.fail_commits -= 1
+            raise sqlite3.OperationalError("disk I/O error (injected)")
+        super().commit()
+
+
+@pytest.fixture
+def path(tmp_path: Path) -> Iterator[Path]:
+    yield tmp_path / "t.db"
+
+
+def run(store: SqliteStore, body: Any) -> Any:
+    async def main() -> Any:
+        engine = Engine(store, Config())
+        engine.paused = True  # no timer passes: every transaction here is the test's
+        await engine.start()
+        try:
+            return await body(engine)
+        finally:
+            await engine.stop()
+
+    return asyncio.run(main())
+
+
+def test_a_batch_runs_on_the_loop_and_commits_on_the_writer_thread(path: Path) -> None:
+    store = CommitSpy(path)
+    assert store.loop_batches
+
+    async def body(engine: Engine) -> tuple[int, list[int], int]:
+        loop_thread = threading.get_ident()
+        threads = await asyncio.gather(*(engine.run(create(f"p{i}"), 0) for i in range(50)))
+        assert set(threads) == {loop_thread}
+        return loop_thread, store.commit_threads, engine.stats.batches
+
+    loop_thread, commits, batches = run(store, body)
+    assert stored(path) == {f"p{i}" for i in range(50)}
+    # Fifty requests submitted together: one transaction, one COMMIT, not on the loop.
+    assert batches == 1
+    assert len(commits) == 1
+    assert commits[0] != loop_thread
+
+
+def test_requests_arriving_during_a_commit_share_the_next_batch(path: Path) -> None:
+    store = CommitSpy(path)
+    gate = threading.Event()
+    original = store.commit
+
+    def slow_commit() -> None:
+        gate.wait(10)  # the first COMMIT is held until more requests wait
+        original()
+
+    store.commit = slow_commit  # type: ignore[method-assign]
+
+    async def body(engine: Engine) -> int:
+        first = asyncio.ensure_future(engine.run(create("first"), 0))
+        while not store.lock.locked():
+            await asyncio.sleep(0.001)
+        later = [asyncio.ensure_future(engine.run(create(f"l{i}"), 0)) for i in range(20)]
+        await asyncio.sleep(0.05)
+        # The loop is free while the COMMIT waits, and nothing is answered early.
+        assert not first.done() and not any(f.done() for f in later)
+        gate.set()
+        await asyncio.gather(first, *later)
+        return engine.stats.batches
+
+    assert run(store, body) == 2
+    assert len(stored(path)) == 21
+
+
+def test_exclusive_work_runs_between_batches_in_order(path: Path) -> None:
+    store = SqliteStore(path)
+
+    async def body(engine: Engine) -> tuple[bool, bool, int]:
+        loop_thread = threading.get_ident()
+        a = asyncio.ensure_future(engine.run(create("a"), 0))
+
+        def look() -> tuple[bool, bool, int]:
+            conn = store.conn
+            ids = {row[0] for row in conn.execute("SELECT id FROM promises")}
+            return "a" in ids, "b" in ids, threading.get_ident()
+
+        seen = asyncio.ensure_future(engine.exclusive(look))
+        b = asyncio.ensure_future(engine.run(create("b"), 0))
+        await asyncio.gather(a, b)
+        has_a, has_b, thread = await seen
+        assert thread != loop_thread
+        return has_a, has_b, engine.stats.batches
+
+    has_a, has_b, batches = run(store, body)
+    assert (has_a, has_b) == (True, False)
+    assert batches == 2
+
+
+def test_an_exclusive_error_reaches_its_caller_and_the_engine_goes_on(path: Path) -> None:
+    store = SqliteStore(path)
+
+    def broken() -> None:
+        raise ValueError("exclusive broke")
+
+    async def body(engine: Engine) -> None:
+        with pytest.raises(ValueError, match="exclusive broke"):
+            await engine.exclusive(broken)
+        await engine.run(create("after"), 0)
+
+    run(store, body)
+    assert stored(path) == {"after"}
+
+
+def test_a_failed_commit_fails_the_whole_batch_and_keeps_nothing(path: Path) -> None:
+    store = CommitSpy(path)
+    store.fail_commits = 1
+
+    async def body(engine: Engine) -> list[Any]:
+        first = await asyncio.gather(
+            *(engine.run(create(f"x{i}"), 0) for i in range(5)), return_exceptions=True
+        )
+        await engine.run(create("next"), 0)  # the connection came back, usable
+        return first
+
+    results = run(store, body)
+    assert all(isinstance(r, sqlite3.OperationalError) for r in results)
+    assert stored(path) == {"next"}
+    assert not store.lock.locked()
+
+
+def test_another_writer_on_the_file_never_stalls_the_loop(path: Path) -> None:
+    store = SqliteStore(path)
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # another process's write lock on the file
+
+    async def body(engine: Engine) -> tuple[int, int]:
+        loop_thread = threading.get_ident()
+        job = asyncio.ensure_future(engine.run(create("waits"), 0))
+        ticks = 0
+        for _ in range(20):  # the loop keeps running while the write waits
+            await asyncio.sleep(0.01)
+            ticks += 1
+        assert not job.done()
+        other.execute("COMMIT")
+        thread = await asyncio.wait_for(job, 10)
+        assert thread != loop_thread  # it ran on the writer thread, which may wait
+        await engine.run(create("then"), 0)  # and the loop takes batches again
+        return ticks, engine.stats.batches
+
+    try:
+        ticks, batches = run(store, body)
+    finally:
+        other.close()
+    assert ticks == 20
+    assert batches == 2
+    assert stored(path) == {"waits", "then"}
