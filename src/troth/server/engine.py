@@ -449,7 +449,10 @@ class Engine:
                 except Exception as exc:  # a courtesy to other nodes: never fatal here
                     log.warning("could not announce deadline %d: %s", earliest, exc)
         if self.on_commit is not None:
-            self.on_commit(Commit(len(works), messages))
+            try:
+                self.on_commit(Commit(len(works), messages))
+            except Exception:  # a bug there must not wedge the engine: log it, go on
+                log.exception("on_commit failed after a batch of %d", len(works))
         if returned:
             # After on_commit: the delivery's claim uses the connection too.
             loop.call_soon_threadsafe(self._returned, [])
