@@ -331,7 +331,14 @@ class App:
                 (time.perf_counter() - started) * 1000,
             )
             return
-        kind, corr, status, data = await self.envelope(body, scope.get("headers", ()))
+        await self.respond(body, scope.get("headers", ()), send, started)
+
+    async def respond(
+        self, body: bytes, headers: Iterable[tuple[bytes, bytes]], send: Send, started: float
+    ) -> None:
+        """Answer one ``POST /`` whose body was read (``protocol``; the protocol's own
+        parser for simple requests, ``server/direct.py``)."""
+        kind, corr, status, data = await self.envelope(body, headers)
         await self.answer(send, kind, corr, status, data, started)
 
     async def envelope(self, body: bytes, headers: Iterable[tuple[bytes, bytes]]) -> Answer:

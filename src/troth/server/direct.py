@@ -16,6 +16,19 @@ path every request takes), but hands it a ``send`` (:class:`DirectSend`) that wr
 the head it knows is well-formed (troth made every header) and the body in one
 write, then completes the cycle exactly as uvicorn's ``send`` does.
 
+A *simple* ``POST /`` is not even parsed by httptools (:func:`simple_request`): the
+request line exactly ``POST / HTTP/1.1``, well-formed header lines, a
+``Content-Length`` body that arrived whole and fits ``max_body``, and none of
+``Transfer-Encoding``, ``Expect``, ``Upgrade``.  Two regular expressions in C read it
+where httptools calls back into Python for the message, the URL, every header, the
+end of the headers, the body and the end of the message, and uvicorn builds an ASGI
+scope, a cycle, an event and a receive channel.  The first request on a connection
+that is not simple — a head or body split across reads, a chunked or oversized body,
+HTTP/1.0, ``Expect: 100-continue``, anything malformed — hands that connection to
+httptools for good, from that request on (never in the middle of one), so whatever
+is unusual is parsed and answered exactly as before.  Pipelined requests wait until
+the answer before them is written, as uvicorn's pipeline does.
+
 Everything else — other paths and methods, a CORS-enabled server (its headers are
 added by a wrapper of ``send``), a request refused for uvicorn's concurrency limit —
 takes uvicorn's ASGI path.  If a uvicorn upgrade removes the hook used here
@@ -28,11 +41,13 @@ from __future__ import annotations
 import asyncio
 import http
 import logging
-from typing import TYPE_CHECKING, Any, ClassVar
+import re
+import time
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
-from troth.server.timeouts import GuardedHttpToolsProtocol
+from troth.server.timeouts import IDLE, GuardedHttpToolsProtocol
 
 if TYPE_CHECKING:
     from troth.server.app import App
@@ -52,13 +67,115 @@ def _status_line(code: int) -> bytes:
 STATUS_LINES = {code: _status_line(code) for code in range(100, 600)}
 
 
+#: A simple request's head: the request line, then header lines of a token, a colon
+#: and a value without control characters (tab allowed), then the empty line.  It
+#: cannot backtrack: a line's characters are either value or its CRLF.
+_SIMPLE_HEAD = re.compile(
+    rb"POST / HTTP/1\.1\r\n((?:[-!#$%&'*+.^_`|~0-9A-Za-z]+:[^\x00-\x08\x0a-\x1f\x7f]*\r\n)*)\r\n"
+)
+_HEADER_LINE = re.compile(rb"([^:]+):[ \t]*(.*?)[ \t]*\r\n")
+#: Headers that make a request not simple (httptools and uvicorn handle them).
+_NOT_SIMPLE = frozenset((b"transfer-encoding", b"expect", b"upgrade"))
+#: Bytes of pipelined requests held before the connection stops reading.
+_HELD_MAX = 65536
+
+
+def simple_request(
+    data: bytes, max_body: int
+) -> tuple[list[tuple[bytes, bytes]], bytes, bool, int] | None:
+    """A simple ``POST /`` at the start of ``data``: its headers (lower-case names),
+    its body, whether the connection stays open after it, and where it ends; or None
+    (httptools parses it, and the rest of its connection)."""
+    head = _SIMPLE_HEAD.match(data)
+    if head is None:
+        return None
+    headers = [(name.lower(), value) for name, value in _HEADER_LINE.findall(head.group(1))]
+    length = 0
+    lengths = 0
+    keep_alive = True
+    for name, value in headers:
+        if name == b"content-length":
+            if not value.isdigit():
+                return None
+            length = int(value)
+            lengths += 1
+        elif name == b"connection":
+            tokens = {t.strip() for t in value.lower().split(b",")}
+            if b"upgrade" in tokens:
+                return None
+            if b"close" in tokens:
+                keep_alive = False
+        elif name in _NOT_SIMPLE:
+            return None
+    if lengths > 1 or length > max_body:
+        return None
+    start = head.end()
+    end = start + length
+    if len(data) < end:
+        return None  # the body is still on its way: httptools reads it, with its deadline
+    return headers, data[start:end], keep_alive, end
+
+
+class _Cycle(Protocol):
+    """What :class:`DirectSend` uses of a request: uvicorn's ``RequestResponseCycle``
+    or a :class:`SimpleCycle`."""
+
+    transport: asyncio.Transport
+    flow: Any
+    default_headers: list[tuple[bytes, bytes]]
+    keep_alive: bool
+    disconnected: bool
+    response_started: bool
+    response_complete: bool
+    waiting_for_100_continue: bool
+    message_event: Any
+    on_response: Any
+
+
+class _NoEvent:
+    __slots__ = ()
+
+    def set(self) -> None:
+        """Nothing waits for a simple request's body: it was read whole."""
+
+
+class SimpleCycle:
+    """The state of one simple request (what uvicorn's cycle holds, without its ASGI
+    scope, events and receive channel)."""
+
+    __slots__ = (
+        "default_headers",
+        "disconnected",
+        "flow",
+        "keep_alive",
+        "message_event",
+        "on_response",
+        "response_complete",
+        "response_started",
+        "transport",
+        "waiting_for_100_continue",
+    )
+
+    def __init__(self, protocol: DirectHttpToolsProtocol, keep_alive: bool) -> None:
+        self.transport = protocol.transport
+        self.flow = protocol.flow
+        self.default_headers = protocol.server_state.default_headers
+        self.keep_alive = keep_alive
+        self.disconnected = False
+        self.response_started = False
+        self.response_complete = False
+        self.waiting_for_100_continue = False
+        self.message_event = _NoEvent()
+        self.on_response = protocol.simple_answered
+
+
 class DirectSend:
     """An ASGI ``send`` for one response of one head and one body (what
     ``App.protocol`` sends), written in one ``transport.write``."""
 
     __slots__ = ("cycle", "headers", "started", "status")
 
-    def __init__(self, cycle: RequestResponseCycle) -> None:
+    def __init__(self, cycle: _Cycle) -> None:
         self.cycle = cycle
         self.status = 0
         self.headers: list[tuple[bytes, bytes]] = []
@@ -102,11 +219,20 @@ class DirectSend:
         on_response()
 
 
-async def answer_directly(app: App, cycle: RequestResponseCycle) -> None:
-    """One ``POST /`` through ``App.protocol`` with a :class:`DirectSend`."""
+async def answer_directly(
+    app: App,
+    cycle: _Cycle,
+    simple: tuple[list[tuple[bytes, bytes]], bytes] | None = None,
+) -> None:
+    """One ``POST /`` with a :class:`DirectSend`: through ``App.protocol`` (uvicorn
+    parsed it), or ``App.respond`` with the ``simple`` request's headers and body."""
     send = DirectSend(cycle)
     try:
-        await app.protocol(cycle.scope, cycle.receive, send)  # type: ignore[arg-type]
+        if simple is None:
+            scope, receive = cycle.scope, cycle.receive  # type: ignore[attr-defined]
+            await app.protocol(scope, receive, send)
+        else:
+            await app.respond(simple[1], simple[0], send, time.perf_counter())
     except BaseException as exc:
         # App.protocol answers every request itself; reaching here is a bug.  Answer
         # as uvicorn would (500, close) and let cancellation through.
@@ -132,11 +258,80 @@ class DirectHttpToolsProtocol(GuardedHttpToolsProtocol):
     """The guarded httptools protocol that answers ``POST /`` directly."""
 
     troth: ClassVar[App | None] = None
-    #: ``{"direct": requests answered directly}`` (tests check that the path is
-    #: taken).  A dict, not a class attribute bumped per request: assigning to a
-    #: class attribute invalidates the interpreter's attribute cache of the class,
+    #: ``{"direct": requests answered directly, "simple": of them, read by
+    #: simple_request}`` (tests check that the paths are taken).  A dict, not a
+    #: class attribute bumped per request: assigning to a class attribute
+    #: invalidates the interpreter's attribute cache of the class,
     #: and every later lookup on every connection would miss it.
     counts: ClassVar[dict[str, int]]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        troth = type(self).troth
+        #: Whether this connection's requests are still read by :func:`simple_request`.
+        self.simple = troth is not None and troth.cors is None and self.limit_concurrency is None
+        self.max_body = 0 if troth is None else troth.settings.max_body
+        #: The simple request being answered, and bytes that came after it.
+        self.answering: SimpleCycle | None = None
+        self.held = b""
+
+    # -- simple requests -------------------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        if not self.simple:
+            super().data_received(data)
+            return
+        self._unset_keepalive_if_required()
+        if self.answering is not None:  # pipelined: it waits for the answer before it
+            self.held += data
+            if len(self.held) > _HELD_MAX:
+                self.flow.pause_reading()
+            return
+        if self.held:
+            data, self.held = self.held + data, b""
+        self.take(data)
+
+    def take(self, data: bytes) -> None:
+        """Answer the simple request at the start of ``data``, or hand the connection
+        to httptools from here on."""
+        request = simple_request(data, self.max_body)
+        if request is None:
+            self.simple = False
+            super().data_received(data)
+            return
+        headers, body, keep_alive, end = request
+        if end < len(data):
+            self.held = data[end:]
+        self._phase = IDLE  # the request is read whole: no header or body deadline
+        cycle = self.answering = SimpleCycle(self, keep_alive)
+        self.counts["direct"] += 1
+        self.counts["simple"] += 1
+        troth = type(self).troth
+        assert troth is not None  # self.simple is False without it
+        task = self.loop.create_task(answer_directly(troth, cycle, (headers, body)))
+        task.add_done_callback(self.tasks.discard)
+        self.tasks.add(task)
+
+    def simple_answered(self) -> None:
+        """The answer is written: as uvicorn after a response, then the next
+        pipelined request, if one came."""
+        self.answering = None
+        self.on_response_complete()
+        if self.held and not self.transport.is_closing():
+            data, self.held = self.held, b""
+            self._unset_keepalive_if_required()
+            self.take(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.answering is not None:
+            self.answering.disconnected = True
+        super().connection_lost(exc)
+
+    def shutdown(self) -> None:
+        if self.answering is not None:  # close once its answer is written
+            self.answering.keep_alive = False
+            return
+        super().shutdown()
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
         troth = type(self).troth
@@ -172,6 +367,6 @@ def http_protocol(
             "sweeping": None,
             "cut": 0,
             "troth": app,
-            "counts": {"direct": 0},
+            "counts": {"direct": 0, "simple": 0},
         },
     )
