@@ -246,3 +246,20 @@ def test_metrics_print_large_counters_exactly() -> None:
     text = m.render()
     assert 'troth_requests_total{kind="promise.get",status="200"} 1234567' in text
     assert "troth_sse_connections 3\n" in text
+
+
+def test_metrics_request_counts_as_inc_and_observe_do() -> None:
+    """The per-request fast path renders exactly what the general calls render."""
+    from troth.server.metrics import Metrics
+
+    fast, general = Metrics(), Metrics()
+    answered = [("promise.get", 200, 0.0012), ("promise.get", 404, 0.3), ("promise.get", 200, 2.5)]
+    answered += [("task.acquire", 409, 0.004)]
+    for kind, status, seconds in answered:
+        fast.request(kind, status, seconds)
+        general.inc("troth_requests_total", kind=kind, status=str(status))
+        general.observe("troth_request_seconds", seconds, kind=kind)
+    text = fast.render()
+    assert text == general.render()
+    assert 'troth_requests_total{kind="promise.get",status="200"} 2' in text
+    assert fast.value("troth_requests_total", kind="task.acquire", status="409") == 1

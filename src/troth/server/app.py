@@ -336,10 +336,18 @@ class App:
     async def respond(
         self, body: bytes, headers: Iterable[tuple[bytes, bytes]], send: Send, started: float
     ) -> None:
-        """Answer one ``POST /`` whose body was read (``protocol``; the protocol's own
-        parser for simple requests, ``server/direct.py``)."""
+        """Answer one ``POST /`` whose body was read."""
+        kind, corr, status, payload = await self.reply(body, headers)
+        await send_bytes(send, status, payload)
+        self.answered(kind, corr, status, started)
+
+    async def reply(
+        self, body: bytes, headers: Iterable[tuple[bytes, bytes]]
+    ) -> tuple[str, str, int, bytes]:
+        """What to answer one ``POST /`` body: kind, corrId, status and the encoded
+        envelope (:meth:`respond`; ``server/direct.py`` writes it itself)."""
         kind, corr, status, data = await self.envelope(body, headers)
-        await self.answer(send, kind, corr, status, data, started)
+        return kind, corr, status, encode_response(kind, corr, status, data)
 
     async def envelope(self, body: bytes, headers: Iterable[tuple[bytes, bytes]]) -> Answer:
         """One request envelope, whichever way it came (HTTP ``POST /``, NATS): decode,
@@ -448,8 +456,7 @@ class App:
     def answered(self, kind: str, corr: str, status: int, started: float, via: str = "") -> None:
         """Count and log one answered request (``via``: `` via=nats``, or nothing)."""
         seconds = time.perf_counter() - started
-        self.metrics.inc("troth_requests_total", kind=kind, status=str(status))
-        self.metrics.observe("troth_request_seconds", seconds, kind=kind)
+        self.metrics.request(kind, status, seconds)
         access.info("%s corrId=%s status=%d ms=%.2f%s", kind, corr, status, seconds * 1000, via)
 
     # -- GET /poll/{group}/{id}: SSE ---------------------------------------------------

@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
+from troth.server.app import JSON
 from troth.server.timeouts import IDLE, GuardedHttpToolsProtocol
 
 if TYPE_CHECKING:
@@ -189,6 +190,18 @@ class DirectSend:
             return
         if message.get("more_body", False):
             raise RuntimeError("DirectSend answers in one body; a streamed answer takes ASGI")
+        await self.write(message.get("body", b""))
+
+    async def json(self, status: int, body: bytes) -> None:
+        """The answer ``send_bytes`` would send (a JSON body), without its two ASGI
+        messages."""
+        self.status = status
+        self.headers = [*JSON, (b"content-length", b"%d" % len(body))]
+        self.started = True
+        await self.write(body)
+
+    async def write(self, body: bytes) -> None:
+        """The head (status, uvicorn's default headers, ours) and ``body`` in one write."""
         cycle = self.cycle
         if cycle.flow.write_paused and not cycle.disconnected:
             await cycle.flow.drain()
@@ -201,7 +214,7 @@ class DirectSend:
             parts += (name, b": ", value, b"\r\n")
         if not cycle.keep_alive:
             parts.append(b"connection: close\r\n")
-        parts += (b"\r\n", message.get("body", b""))
+        parts += (b"\r\n", body)
         cycle.response_started = True
         cycle.waiting_for_100_continue = False
         cycle.transport.write(b"".join(parts))
@@ -232,7 +245,10 @@ async def answer_directly(
             scope, receive = cycle.scope, cycle.receive  # type: ignore[attr-defined]
             await app.protocol(scope, receive, send)
         else:
-            await app.respond(simple[1], simple[0], send, time.perf_counter())
+            started = time.perf_counter()
+            kind, corr, status, payload = await app.reply(simple[1], simple[0])
+            await send.json(status, payload)
+            app.answered(kind, corr, status, started)
     except BaseException as exc:
         # App.protocol answers every request itself; reaching here is a bug.  Answer
         # as uvicorn would (500, close) and let cancellation through.

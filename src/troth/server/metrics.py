@@ -103,12 +103,34 @@ class Metrics:
         self.counters: dict[str, dict[Labels, float]] = {}
         self.histograms: dict[str, dict[Labels, Histogram]] = {}
         self.gauges: dict[str, Callable[[], float]] = {}
+        self._request_keys: dict[tuple[str, int], tuple[Labels, Labels]] = {}
 
     def inc(self, name: str, amount: float = 1, **labels: str) -> None:
         key = tuple(sorted(labels.items()))
         with self.lock:
             series = self.counters.setdefault(name, {})
             series[key] = series.get(key, 0) + amount
+
+    def request(self, kind: str, status: int, seconds: float) -> None:
+        """One answered request: ``troth_requests_total{kind,status}`` and
+        ``troth_request_seconds{kind}``, as :meth:`inc` and :meth:`observe` count
+        them, with each (kind, status)'s label tuples made once (every request
+        passes here: building and sorting them cost more than the counting)."""
+        keys = self._request_keys.get((kind, status))
+        if keys is None:
+            keys = self._request_keys[(kind, status)] = (
+                (("kind", kind), ("status", str(status))),
+                (("kind", kind),),
+            )
+        counted, timed = keys
+        with self.lock:
+            series = self.counters.setdefault("troth_requests_total", {})
+            series[counted] = series.get(counted, 0) + 1
+            histograms = self.histograms.setdefault("troth_request_seconds", {})
+            h = histograms.get(timed)
+            if h is None:
+                h = histograms[timed] = Histogram()
+            h.observe(seconds)
 
     def observe(self, name: str, value: float, **labels: str) -> None:
         key = tuple(sorted(labels.items()))
