@@ -193,6 +193,46 @@ def test_cors_servers_answer_through_asgi() -> None:
         assert rs.server is not None and rs.server.config.http.counts["direct"] == 0
 
 
+@pytest.mark.parametrize(
+    "payload",
+    [
+        post(envelope("a"), extra="connection: keep-alive, close\r\n"),
+        post(envelope("a"), extra="x-colon: a:b:c\r\n"),
+        post(envelope("a")).replace(b"content-length: ", b"content-length: 000"),
+        post(envelope("a")).replace(b"content-length: ", b"Content-Length:   "),
+        post(envelope("a"), extra="content-length: -1\r\n"),
+        post(envelope("a"), extra="x-ctl: a\x01b\r\n"),
+        post(b"{}"),
+        b"POST / HTTP/1.1\r\nhost: t\r\n\r\n",
+        b"POST / HTTP/1.1\r\nhost t\r\ncontent-length: 2\r\n\r\n{}",
+        b"post / HTTP/1.1\r\nhost: t\r\ncontent-length: 2\r\n\r\n{}",
+    ],
+    ids=[
+        "keep-alive-close",
+        "colons-in-value",
+        "length-leading-zeros",
+        "length-spaces",
+        "negative-length",
+        "control-in-value",
+        "empty-envelope",
+        "no-body",
+        "header-without-colon",
+        "lower-case-method",
+    ],
+)
+def test_odd_requests_are_answered_as_asgi_answers_them(payload: bytes) -> None:
+    """Whatever the simple reader takes or leaves to httptools, the answer (or the
+    refusal, or the closed connection) is the one the ASGI path gives."""
+    answers: dict[bool, Any] = {}
+    for direct in (True, False):
+        with server(direct) as rs:
+            try:
+                answers[direct] = [comparable(r) for r in exchange(rs, payload)]
+            except AssertionError as exc:  # closed without an answer
+                answers[direct] = str(exc)[:40]
+    assert answers[True] == answers[False]
+
+
 def test_a_request_split_across_reads_is_read_by_httptools_and_served() -> None:
     """A head that arrives in pieces is not simple: httptools reads it (with its
     deadlines), the answer is the same, and the connection goes on serving."""
