@@ -33,7 +33,7 @@ from troth.machine.internal import Config
 from troth.machine.state import Response
 from troth.protocol import requests as rq
 from troth.server.waiting import cancel_and_wait, wait_event
-from troth.store.base import Job, Outcome, Overlay, Store, StoreBusy, StoreUnavailable
+from troth.store.base import BeginWouldWait, Job, Outcome, Overlay, Store, StoreUnavailable
 
 log = logging.getLogger("troth.engine")
 T = TypeVar("T")
@@ -299,7 +299,7 @@ class Engine:
         store.lock.acquire()
         try:
             outcomes = store.run_open(jobs, nowait=True)
-        except StoreBusy as exc:
+        except BeginWouldWait as exc:
             # Another process holds the file's write lock: the writer thread may wait.
             store.lock.release()
             log.debug("batch goes to the writer thread: %s", exc)

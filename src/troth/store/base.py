@@ -244,9 +244,11 @@ class StoreUnavailable(Exception):
     """The store cannot answer (503 at ``/ready`` and for a request)."""
 
 
-class StoreBusy(Exception):
+class BeginWouldWait(Exception):
     """Beginning a write transaction would wait for another writer (another process
-    on the same SQLite file): the caller hands the batch to a thread that may wait."""
+    on the same SQLite file): the caller hands the batch to a thread that may wait.
+    Internal to the engine; not PostgreSQL's ``StoreBusy`` (a batch that lost every
+    attempt), which requests see."""
 
 
 def read_only(
@@ -392,7 +394,7 @@ class Store(ABC):
     def run_open(self, jobs: Sequence[Job[Any]], *, nowait: bool = False) -> list[Outcome[Any]]:
         """The batch of :meth:`execute` up to its commit: its transaction is left open
         for the caller (holding :attr:`lock`) to commit or roll back.  With ``nowait``
-        it raises :class:`StoreBusy` at once, having begun nothing, where beginning
+        it raises :class:`BeginWouldWait` at once, having begun nothing, where beginning
         would wait for another writer."""
         aside: dict[int, BaseException] = {}
         while True:
@@ -405,7 +407,7 @@ class Store(ABC):
                 aside[failed.index] = failed.error
 
     def begin_nowait(self) -> Backend:
-        """:meth:`begin`, raising :class:`StoreBusy` where it would wait."""
+        """:meth:`begin`, raising :class:`BeginWouldWait` where it would wait."""
         return self.begin()
 
     def _batch(

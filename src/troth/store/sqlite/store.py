@@ -21,11 +21,11 @@ from troth.outbox.rows import OutboxRow
 from troth.protocol.records import PENDING, TAG_ORIGIN, Promise, Schedule, Tags, Task
 from troth.store.base import (
     Backend,
+    BeginWouldWait,
     Job,
     Outcome,
     Overlay,
     Store,
-    StoreBusy,
     StoreUnavailable,
     read_only,
 )
@@ -315,17 +315,15 @@ class SqliteStore(Store):
     def begin_nowait(self) -> Backend:
         """On the event loop: another process holding the file's write lock must not
         stall it for ``busy_timeout``; the batch goes to the writer thread instead."""
-        conn = self.conn
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        conn.execute("PRAGMA busy_timeout = 0")
+        self.conn.execute("PRAGMA busy_timeout = 0")
         try:
-            conn.execute("BEGIN IMMEDIATE")
+            return self.begin()
         except sqlite3.OperationalError as exc:
-            raise StoreBusy(str(exc)) from exc
+            if exc.sqlite_errorcode & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+                raise BeginWouldWait(str(exc)) from exc
+            raise
         finally:
-            conn.execute(f"PRAGMA busy_timeout = {BUSY_MS}")
-        return self.backend
+            self.conn.execute(f"PRAGMA busy_timeout = {BUSY_MS}")
 
     def commit(self) -> None:
         self.conn.execute("COMMIT")
