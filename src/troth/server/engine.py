@@ -202,13 +202,13 @@ class Engine:
     async def exclusive(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` on the writer thread between batches (reset, snapshot, ping)."""
         loop = asyncio.get_running_loop()
-        if self.store.loop_batches:  # answered with an Outcome, by _returned
-            done: asyncio.Future[Outcome[T]] = loop.create_future()
-            self._submit(_Work(None, fn, done, loop))
-            return (await done).result()
-        fut: asyncio.Future[T] = loop.create_future()
-        self._queue.put(_Work(None, fn, fut, loop))
-        return await fut
+        done: asyncio.Future[Outcome[T]] = loop.create_future()
+        work = _Work(None, fn, done, loop)
+        if self.store.loop_batches:
+            self._submit(work)
+        else:
+            self._queue.put(work)
+        return (await done).result()
 
     async def request(self, req: rq.Req, now: int, head: dict[str, Any]) -> Response:
         def job(tx: Overlay) -> Response:
@@ -409,12 +409,8 @@ class Engine:
             outcome = Outcome[Any](value=work.exclusive())
         except BaseException as exc:
             outcome = Outcome(error=exc)
-        if self.store.loop_batches:
-            work.loop.call_soon_threadsafe(self._returned, [(work.future, outcome)])
-        elif outcome.error is not None:
-            work.loop.call_soon_threadsafe(_set_exception, work.future, outcome.error)
-        else:
-            work.loop.call_soon_threadsafe(_set_result, work.future, outcome.value)
+        answer = self._returned if self.store.loop_batches else _deliver
+        work.loop.call_soon_threadsafe(answer, [(work.future, outcome)])
 
     def _run_batch(self, works: list[_Work]) -> None:
         jobs = [w.job for w in works if w.job is not None]
@@ -545,13 +541,3 @@ def _deliver(results: list[tuple[asyncio.Future[Any], Outcome[Any]]]) -> None:
     for fut, outcome in results:
         if not fut.done():
             fut.set_result(outcome)
-
-
-def _set_result(fut: asyncio.Future[Any], value: Any) -> None:
-    if not fut.done():
-        fut.set_result(value)
-
-
-def _set_exception(fut: asyncio.Future[Any], exc: BaseException) -> None:
-    if not fut.done():
-        fut.set_exception(exc)
