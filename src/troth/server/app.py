@@ -337,15 +337,14 @@ class App:
         self, body: bytes, headers: Iterable[tuple[bytes, bytes]], send: Send, started: float
     ) -> None:
         """Answer one ``POST /`` whose body was read."""
-        kind, corr, status, payload = await self.reply(body, headers)
-        await send_bytes(send, status, payload)
-        self.answered(kind, corr, status, started)
+        kind, corr, status, data = await self.envelope(body, headers)
+        await self.answer(send, kind, corr, status, data, started)
 
     async def reply(
         self, body: bytes, headers: Iterable[tuple[bytes, bytes]]
     ) -> tuple[str, str, int, bytes]:
         """What to answer one ``POST /`` body: kind, corrId, status and the encoded
-        envelope (:meth:`respond`; ``server/direct.py`` writes it itself)."""
+        envelope (``server/direct.py`` writes it itself, then calls :meth:`answered`)."""
         kind, corr, status, data = await self.envelope(body, headers)
         return kind, corr, status, encode_response(kind, corr, status, data)
 
@@ -622,10 +621,15 @@ async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+def json_headers(body: bytes) -> list[tuple[bytes, bytes]]:
+    """The headers of a JSON answer carrying ``body``."""
+    return [*JSON, (b"content-length", b"%d" % len(body))]
+
+
 async def send_bytes(
     send: Send, status: int, body: bytes, extra: list[tuple[bytes, bytes]] | None = None
 ) -> None:
-    headers = [*JSON, (b"content-length", str(len(body)).encode())]
+    headers = json_headers(body)
     if extra:
         headers += extra
     await send({"type": "http.response.start", "status": status, "headers": headers})

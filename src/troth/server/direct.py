@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
-from troth.server.app import JSON
+from troth.server.app import json_headers
 from troth.server.timeouts import IDLE, GuardedHttpToolsProtocol
 
 if TYPE_CHECKING:
@@ -196,7 +196,7 @@ class DirectSend:
         """The answer ``send_bytes`` would send (a JSON body), without its two ASGI
         messages."""
         self.status = status
-        self.headers = [*JSON, (b"content-length", b"%d" % len(body))]
+        self.headers = json_headers(body)
         self.started = True
         await self.write(body)
 

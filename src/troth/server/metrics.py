@@ -106,7 +106,9 @@ class Metrics:
         self._request_keys: dict[tuple[str, int], tuple[Labels, Labels]] = {}
 
     def inc(self, name: str, amount: float = 1, **labels: str) -> None:
-        key = tuple(sorted(labels.items()))
+        self._count(name, tuple(sorted(labels.items())), amount)
+
+    def _count(self, name: str, key: Labels, amount: float) -> None:
         with self.lock:
             series = self.counters.setdefault(name, {})
             series[key] = series.get(key, 0) + amount
@@ -123,17 +125,13 @@ class Metrics:
                 (("kind", kind),),
             )
         counted, timed = keys
-        with self.lock:
-            series = self.counters.setdefault("troth_requests_total", {})
-            series[counted] = series.get(counted, 0) + 1
-            histograms = self.histograms.setdefault("troth_request_seconds", {})
-            h = histograms.get(timed)
-            if h is None:
-                h = histograms[timed] = Histogram()
-            h.observe(seconds)
+        self._count("troth_requests_total", counted, 1)
+        self._observe("troth_request_seconds", timed, seconds)
 
     def observe(self, name: str, value: float, **labels: str) -> None:
-        key = tuple(sorted(labels.items()))
+        self._observe(name, tuple(sorted(labels.items())), value)
+
+    def _observe(self, name: str, key: Labels, value: float) -> None:
         with self.lock:
             series = self.histograms.setdefault(name, {})
             h = series.get(key)
