@@ -140,6 +140,10 @@ class _NoEvent:
         """Nothing waits for a simple request's body: it was read whole."""
 
 
+#: Shared by every simple request (it holds nothing).
+NO_EVENT = _NoEvent()
+
+
 class SimpleCycle:
     """The state of one simple request (what uvicorn's cycle holds, without its ASGI
     scope, events and receive channel)."""
@@ -166,7 +170,7 @@ class SimpleCycle:
         self.response_started = False
         self.response_complete = False
         self.waiting_for_100_continue = False
-        self.message_event = _NoEvent()
+        self.message_event = NO_EVENT
         self.on_response = protocol.simple_answered
 
 
