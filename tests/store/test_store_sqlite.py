@@ -152,6 +152,57 @@ def test_used_from_another_thread(store: SqliteStore) -> None:
     assert result == [pending("t")]
 
 
+def test_inline_point_read_is_one_statement(store: SqliteStore) -> None:
+    """A point read on the event loop's reader runs its one SELECT alone: no BEGIN and
+    ROLLBACK around it (one statement is its own snapshot)."""
+    run(store, lambda tx: tx.set_promise(pending("p")))
+    assert store.read_inline(lambda tx: tx.get_promise("x")) is None  # opens the reader
+    statements: list[str] = []
+    assert store._inline is not None
+    store._inline.set_trace_callback(statements.append)
+    assert store.read_inline(lambda tx: tx.get_promise("p")) == pending("p")
+    assert store.read_inline(lambda tx: tx.get_promise("p")) == pending("p")
+    assert len(statements) == 2
+    assert all(s.startswith("SELECT") for s in statements), statements
+
+
+def test_inline_read_of_two_rows_sees_one_snapshot(store: SqliteStore) -> None:
+    """A job that reads twice runs again in one read transaction: a commit between its
+    two reads must not give it one row from before and one from after."""
+    run(store, lambda tx: (tx.set_promise(pending("a")), tx.set_promise(pending("b"))))
+    settled = [False]
+
+    def both(tx: Overlay) -> tuple[str, str]:
+        a = tx.get_promise("a")
+        if not settled[0]:
+            settled[0] = True  # another request commits, between this job's two reads
+            run(
+                store,
+                lambda w: [w.set_promise(pending(id, state="resolved")) for id in "ab"],
+            )
+        b = tx.get_promise("b")
+        assert a is not None and b is not None
+        return a.state, b.state
+
+    first = store.read_inline(both)
+    assert first[0] == first[1], first  # both from before the commit, or both after
+    assert store.read_inline(both) == ("resolved", "resolved")
+
+
+def test_inline_read_error_is_the_jobs_own(store: SqliteStore) -> None:
+    """A job's own exception reaches its caller (not as "reader busy"), and the next
+    read runs as usual."""
+
+    def broken(tx: Overlay) -> None:
+        tx.get_promise("a")
+        raise ValueError("the job's own")
+
+    with pytest.raises(ValueError, match="the job's own"):
+        store.read_inline(broken)
+    run(store, lambda tx: tx.set_promise(pending("a")))
+    assert store.read_inline(lambda tx: tx.get_promise("a")) == pending("a")
+
+
 def test_two_stores_share_one_file(db: Path) -> None:
     a, b = SqliteStore(db), SqliteStore(db)
     try:

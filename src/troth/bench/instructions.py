@@ -6,7 +6,8 @@
 once the larger.  The difference of the two totals divided by the difference of the
 requests is the server's instructions per request, start-up and shutdown cancelled
 out; the same for the bare server gives the ceiling's.  Requests are
-``promise.create`` then ``promise.settle`` (the create-settle workload) from
+``promise.create`` then ``promise.settle`` (the create-settle workload; with
+``--workload reads``, ``promise.get`` of a settled promise, a point read) from
 ``--clients`` keep-alive connections at once, so the writer batches as under load.
 
 Why: on a shared two-CPU VM, requests/s and CPU seconds move by tens of percent with
@@ -42,8 +43,15 @@ def envelope(kind: str, corr: str, data: Mapping[str, object]) -> bytes:
     return json.dumps({"kind": kind, "head": head, "data": data}).encode()
 
 
-async def drive(port: int, requests: int, clients: int, bare: bool, run: str) -> None:
-    """``requests`` POSTs over ``clients`` connections (create then settle, or empty)."""
+WORKLOADS = ("create-settle", "reads")
+
+
+async def drive(
+    port: int, requests: int, clients: int, bare: bool, run: str, workload: str = "create-settle"
+) -> None:
+    """``requests`` POSTs over ``clients`` connections: create then settle, or
+    ``promise.get`` of the promises the warm-up run (``run`` = "warm") created and
+    settled, or empty POSTs for the bare server."""
     conns = [await HttpConnection.open("127.0.0.1", port) for _ in range(clients)]
     each = requests // clients
 
@@ -53,6 +61,12 @@ async def drive(port: int, requests: int, clients: int, bare: bool, run: str) ->
             if bare:
                 await conn.post(b"{}")
                 await conn.post(b"{}")
+                continue
+            if workload == "reads" and run != "warm":
+                for _ in range(2):
+                    read = f"warm-{i}-0"
+                    status, _ = await conn.post(envelope("promise.get", id, {"id": read}))
+                    assert status == 200, status
                 continue
             create = {"id": id, "timeoutAt": FAR, "param": {}, "tags": {}}
             status, _ = await conn.post(envelope("promise.create", id, create))
@@ -97,7 +111,9 @@ def control(pid: int, instrumentation: str) -> None:
     )
 
 
-def measure(workdir: Path, requests: int, clients: int, bare: bool) -> dict[int, int]:
+def measure(
+    workdir: Path, requests: int, clients: int, bare: bool, workload: str = "create-settle"
+) -> dict[int, int]:
     """Instructions of one server process that answered ``requests`` requests."""
     port = free_port()
     out = workdir / f"callgrind.{'bare' if bare else 'troth'}.{requests}"
@@ -133,7 +149,7 @@ def measure(workdir: Path, requests: int, clients: int, bare: bool) -> dict[int,
         asyncio.run(ready(port, bare, proc, 300))
         asyncio.run(drive(port, clients * 2, clients, bare, "warm"))  # first-use paths
         control(proc.pid, "on")
-        asyncio.run(drive(port, requests, clients, bare, f"r{requests}"))
+        asyncio.run(drive(port, requests, clients, bare, f"r{requests}", workload))
         control(proc.pid, "off")
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -164,6 +180,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", default="400,1600", help="two request counts")
     parser.add_argument("--clients", type=int, default=16, help="connections at once (16)")
     parser.add_argument("--keep", help="keep the callgrind files in this directory")
+    parser.add_argument(
+        "--workload", choices=WORKLOADS, default="create-settle", help="troth's requests"
+    )
     args = parser.parse_args(argv)
     if shutil.which("valgrind") is None:
         print("valgrind not found: apt-get install valgrind", file=sys.stderr)
@@ -173,8 +192,10 @@ def main(argv: list[str] | None = None) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     rows = []
     try:
-        for name, bare in (("bare HTTP (empty POST)", True), ("troth create-settle", False)):
-            small_run, large_run = (measure(workdir, n, args.clients, bare) for n in (small, large))
+        for name, bare in (("bare HTTP (empty POST)", True), (f"troth {args.workload}", False)):
+            small_run, large_run = (
+                measure(workdir, n, args.clients, bare, args.workload) for n in (small, large)
+            )
             threads = sorted(set(small_run) | set(large_run))
             each = {
                 t: (large_run.get(t, 0) - small_run.get(t, 0)) / (large - small) for t in threads

@@ -15,7 +15,7 @@ import sqlite3
 import threading
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Final, TypeVar
+from typing import Any, Final, Protocol, TypeVar
 
 from troth.outbox.rows import OutboxRow
 from troth.protocol.records import PENDING, TAG_ORIGIN, Promise, Schedule, Tags, Task
@@ -131,10 +131,42 @@ def _scan_params(
 # -- the backend -----------------------------------------------------------------------------
 
 
+class _SecondStatement(Exception):
+    """A read outside a transaction asked for a second statement: its two reads could
+    see two different commits, so the job runs again inside one read transaction."""
+
+
+#: What makes an inline read give up (and not count as the job's own failure).
+_INLINE_ERRORS = (sqlite3.OperationalError, _SecondStatement)
+
+
+class Executes(Protocol):
+    """What :class:`SqliteBackend` uses of its connection."""
+
+    def execute(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor: ...
+
+
+class _OneStatement:
+    """A reader connection's stand-in that runs one statement, in autocommit (its own
+    snapshot of the file), and refuses a second (:class:`_SecondStatement`)."""
+
+    __slots__ = ("conn", "used")
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+        self.used = False
+
+    def execute(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor:
+        if self.used:
+            raise _SecondStatement(sql)
+        self.used = True
+        return self.conn.execute(sql, parameters)
+
+
 class SqliteBackend(Backend):
     """Reads and writes of the transaction that :meth:`SqliteStore.begin` opened."""
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
+    def __init__(self, conn: Executes) -> None:
         self.conn = conn
 
     # -- reads ------------------------------------------------------------------------
@@ -403,7 +435,19 @@ class SqliteStore(Store):
         conn = self._inline
         if conn is None:
             conn = self._inline = self._open_reader(busy_ms=0)
-        outcome: Outcome[T] = self._read_on(conn, [Job(fn, 0)])[0]
+            self._one = _OneStatement(conn)
+            self._one_backend = SqliteBackend(self._one)
+        job = Job(fn, 0)
+        self._one.used = False
+        try:
+            # Most point reads are one SELECT, and one statement outside a transaction
+            # is its own snapshot: no BEGIN and ROLLBACK around it (two statements
+            # more).  A job that reads twice (task.get) runs again in a transaction.
+            outcome = read_only(self._one_backend, job, _INLINE_ERRORS)
+        except _SecondStatement:
+            outcome = self._read_on(conn, [job])[0]
+        except sqlite3.OperationalError as exc:
+            raise StoreUnavailable(f"sqlite reader busy: {exc}") from exc
         return outcome.result()
 
     def read_many(self, jobs: Sequence[Job[Any]]) -> list[Outcome[Any]]:
