@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -278,3 +279,32 @@ def test_a_graceful_stop_answers_the_simple_request_in_flight() -> None:
             assert sock.recv(1) == b""
         held.result(10)
         assert rs.server.config.http.counts["simple"] == 1
+
+
+def get(corr: str, id: str) -> bytes:
+    head = {"corrId": corr, "version": "2026-04-01"}
+    return json.dumps({"kind": "promise.get", "head": head, "data": {"id": id}}).encode()
+
+
+def test_answers_written_at_once_keep_their_order(tmp_path: Path) -> None:
+    """A point read (SQLite) and a refusal are answered while their bytes are being
+    read, with no task; hundreds of them pipelined in one write after a request that
+    waits for its commit are answered in order and as the ASGI path answers them (and
+    the reader does not recurse once per request: that would overflow the stack)."""
+    requests = [post(envelope("c0", id="p0"))]
+    for i in range(1, 300):
+        requests.append(post(b"{not json" if i % 7 == 0 else get(f"g{i}", "p0")))
+    payload = b"".join(requests)
+    answers: dict[bool, Any] = {}
+    for direct in (True, False):
+        settings = replace(SETTINGS, store="sqlite", db=str(tmp_path / f"{direct}.db"))
+        with running_server(settings) as rs:
+            assert rs.server is not None
+            if not direct:
+                rs.server.config.http.troth = None
+            answers[direct] = [comparable(r) for r in exchange(rs, payload, len(requests))]
+            if direct:
+                assert rs.server.config.http.counts["simple"] >= 200
+    assert answers[True] == answers[False]
+    corrs = [json.loads(body)["head"]["corrId"] for _, _, body in answers[True]]
+    assert corrs[:3] == ["c0", "g1", "g2"] and corrs[-1] == "g299"

@@ -8,6 +8,7 @@ It can be driven without a socket (tests pass it to httpx's ASGI transport).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
@@ -33,7 +34,7 @@ from troth.server.metrics import Metrics
 from troth.server.nats import NatsIngress
 from troth.server.operator import OperatorApi
 from troth.server.retention import RetentionLoop
-from troth.store.base import StoreUnavailable
+from troth.store.base import Outcome, StoreUnavailable
 from troth.transport.nats import NatsLink
 from troth.transport.poll import Connection, Full, Registry
 from troth.ui import Dashboard
@@ -76,6 +77,28 @@ def log_grant(kind: str, corr: str, response: Response) -> None:
 
 #: Requests whose answer says something of a task's worker (``App.worker_reported``).
 _WorkerReport = rq.TaskSuspend | rq.TaskFulfill | rq.TaskFence | rq.TaskHeartbeat
+
+
+class Admitted:
+    """A request envelope that passed decoding, auth and the limits (``App.admit``)."""
+
+    __slots__ = ("corr", "debug_time", "head", "kind", "now", "req")
+
+    def __init__(
+        self,
+        kind: str,
+        corr: str,
+        req: rq.Req,
+        now: int,
+        head: dict[str, Any],
+        debug_time: int | None,
+    ) -> None:
+        self.kind = kind
+        self.corr = corr
+        self.req = req
+        self.now = now
+        self.head = head
+        self.debug_time = debug_time
 
 
 class BodyTooLarge(Exception):
@@ -175,6 +198,9 @@ class App:
             )
         )
         self.started = False
+        #: ``debug.*`` and ``task.release`` of :meth:`answer_soon` in progress (a task
+        #: nothing else holds could be collected before it ends).
+        self._tasks: set[asyncio.Future[Response]] = set()
         self.closing = asyncio.Event()
 
     # -- ASGI entry point -----------------------------------------------------------
@@ -340,22 +366,75 @@ class App:
         kind, corr, status, data = await self.envelope(body, headers)
         await self.answer(send, kind, corr, status, data, started)
 
-    async def reply(
-        self, body: bytes, headers: Iterable[tuple[bytes, bytes]]
-    ) -> tuple[str, str, int, bytes]:
-        """What to answer one ``POST /`` body: kind, corrId, status and the encoded
-        envelope (``server/direct.py`` writes it itself, then calls :meth:`answered`)."""
-        kind, corr, status, data = await self.envelope(body, headers)
-        return kind, corr, status, encode_response(kind, corr, status, data)
-
     async def envelope(self, body: bytes, headers: Iterable[tuple[bytes, bytes]]) -> Answer:
         """One request envelope, whichever way it came (HTTP ``POST /``, NATS): decode,
         auth, limits, the engine (group commit) or the debug surface.  Returns what to
         answer, ``(kind, corrId, status, data)``; it never raises.
 
         Shared by every ingress so that they cannot drift apart: a check added here
-        holds for HTTP and NATS alike.  ``headers`` are the transport's (HTTP: the
+        holds for HTTP and NATS alike (:meth:`answer_soon` is the same three steps
+        without a coroutine).  ``headers`` are the transport's (HTTP: the
         ``Authorization: Bearer`` fallback of auth); ``head.auth`` is read first."""
+        admitted = self.admit(body, headers)
+        if not isinstance(admitted, Admitted):
+            return admitted
+        try:
+            return self.conclude(admitted, await self.dispatch(admitted))
+        except Exception as exc:
+            return self.failed(admitted, exc)
+
+    def answer_soon(
+        self, body: bytes, headers: Iterable[tuple[bytes, bytes]], done: Callable[[Answer], None]
+    ) -> None:
+        """:meth:`envelope` for a caller that takes the answer by callback (a simple
+        ``POST /``, ``server/direct.py``): ``done`` is called at once where nothing
+        waits (a refusal, a point read) or when the request's batch is committed — no
+        task and no coroutine per request."""
+        admitted = self.admit(body, headers)
+        if not isinstance(admitted, Admitted):
+            done(admitted)
+            return
+        if admitted.kind.startswith("debug.") or isinstance(admitted.req, rq.TaskRelease):
+            task = asyncio.ensure_future(self.dispatch(admitted))
+            self._tasks.add(task)
+            task.add_done_callback(functools.partial(self._dispatched, admitted, done))
+            return
+        try:
+            got = self.engine.submit(admitted.req, admitted.now, admitted.head)
+            if isinstance(got, Response):
+                answer = self.conclude(admitted, got)
+            else:
+                got.add_done_callback(functools.partial(self._committed, admitted, done))
+                return
+        except Exception as exc:
+            answer = self.failed(admitted, exc)
+        done(answer)
+
+    def _committed(
+        self,
+        admitted: Admitted,
+        done: Callable[[Answer], None],
+        fut: asyncio.Future[Outcome[Response]],
+    ) -> None:
+        try:
+            answer = self.conclude(admitted, fut.result().result())
+        except Exception as exc:
+            answer = self.failed(admitted, exc)
+        done(answer)
+
+    def _dispatched(
+        self, admitted: Admitted, done: Callable[[Answer], None], task: asyncio.Future[Response]
+    ) -> None:
+        self._tasks.discard(task)
+        try:
+            answer = self.conclude(admitted, task.result())
+        except Exception as exc:
+            answer = self.failed(admitted, exc)
+        done(answer)
+
+    def admit(self, body: bytes, headers: Iterable[tuple[bytes, bytes]]) -> Answer | Admitted:
+        """What comes before the engine: the envelope decoded and authorised, its
+        request checked against the limits — or the answer that refuses it."""
         try:
             env = decode_envelope(body, self.limits.max_depth)
         except EnvelopeError as exc:
@@ -382,29 +461,42 @@ class App:
                 return kind, corr, allowed.status, allowed.message
             req = allowed  # a search narrowed to the token's prefix
         now = self.engine.clock()
-        if self.settings.debug and env.head.debug_time is not None:
-            now = env.head.debug_time
-        try:
-            if kind.startswith("debug."):
-                response = await self.debug(kind, req, env.head.debug_time)
-            elif isinstance(req, rq.TaskRelease):
-                response = await self.release(req, now, {"version": env.head.version})
-            else:
-                response = await self.engine.request(req, now, {"version": env.head.version})
-                if isinstance(req, _WorkerReport):
-                    self.worker_reported(req, kind, corr, now, response)
-        except StoreUnavailable as exc:
+        debug_time = env.head.debug_time
+        if self.settings.debug and debug_time is not None:
+            now = debug_time
+        return Admitted(kind, corr, req, now, {"version": env.head.version}, debug_time)
+
+    async def dispatch(self, admitted: Admitted) -> Response:
+        """The admitted request served: by the debug surface, the bounce tracker
+        (``task.release``) or the engine."""
+        kind, req = admitted.kind, admitted.req
+        if kind.startswith("debug."):
+            return await self.debug(kind, req, admitted.debug_time)
+        if isinstance(req, rq.TaskRelease):
+            return await self.release(req, admitted.now, admitted.head)
+        return await self.engine.request(req, admitted.now, admitted.head)
+
+    def conclude(self, admitted: Admitted, response: Response) -> Answer:
+        """What follows the engine's response: a worker's report remembered, a grant
+        logged (after the commit, before the answer)."""
+        kind, corr, req = admitted.kind, admitted.corr, admitted.req
+        if isinstance(req, _WorkerReport):
+            self.worker_reported(req, kind, corr, admitted.now, response)
+        if response.status == 200 and isinstance(req, rq.TaskAcquire | rq.TaskCreate):
+            log_grant(kind, corr, response)
+        return kind, corr, response.status, response.data
+
+    def failed(self, admitted: Admitted, exc: Exception) -> Answer:
+        """The answer to a request whose serving raised ``exc``."""
+        kind, corr = admitted.kind, admitted.corr
+        if isinstance(exc, StoreUnavailable):
             # The database is down or restarting, or the batch lost every attempt to
             # concurrent writers: the request may be sent again (the message says
             # when a COMMIT broke off and its outcome is unknown).
             log.warning("store unavailable serving %s corrId=%s: %s", kind, corr, exc)
             return kind, corr, 503, f"Store unavailable: {exc}"
-        except Exception:
-            log.exception("internal error serving %s corrId=%s", kind, corr)
-            return kind, corr, 500, f"Internal error (corrId {corr}); nothing was changed"
-        if response.status == 200 and isinstance(req, rq.TaskAcquire | rq.TaskCreate):
-            log_grant(kind, corr, response)
-        return kind, corr, response.status, response.data
+        log.error("internal error serving %s corrId=%s", kind, corr, exc_info=exc)
+        return kind, corr, 500, f"Internal error (corrId {corr}); nothing was changed"
 
     async def nats_envelope(self, body: bytes) -> Answer:
         """A request from NATS: :meth:`envelope` with no transport headers (a NATS

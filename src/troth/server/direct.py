@@ -39,6 +39,7 @@ takes uvicorn's ASGI path.  If a uvicorn upgrade removes the hook used here
 from __future__ import annotations
 
 import asyncio
+import functools
 import http
 import logging
 import re
@@ -47,7 +48,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
-from troth.server.app import json_headers
+from troth.protocol.envelope import encode_response
+from troth.server.app import Answer, json_headers
 from troth.server.timeouts import IDLE, GuardedHttpToolsProtocol
 
 if TYPE_CHECKING:
@@ -196,19 +198,17 @@ class DirectSend:
             raise RuntimeError("DirectSend answers in one body; a streamed answer takes ASGI")
         await self.write(message.get("body", b""))
 
-    async def json(self, status: int, body: bytes) -> None:
-        """The answer ``send_bytes`` would send (a JSON body), without its two ASGI
-        messages."""
-        self.status = status
-        self.headers = json_headers(body)
-        self.started = True
-        await self.write(body)
-
     async def write(self, body: bytes) -> None:
-        """The head (status, uvicorn's default headers, ours) and ``body`` in one write."""
+        """The head (status, uvicorn's default headers, ours) and ``body`` in one write,
+        once the peer has read enough of what was written before."""
         cycle = self.cycle
         if cycle.flow.write_paused and not cycle.disconnected:
             await cycle.flow.drain()
+        self.now(body)
+
+    def now(self, body: bytes) -> None:
+        """:meth:`write` without waiting for the write buffer to drain."""
+        cycle = self.cycle
         if cycle.disconnected:
             return
         parts = [STATUS_LINES[self.status]]
@@ -236,42 +236,74 @@ class DirectSend:
         on_response()
 
 
-async def answer_directly(
-    app: App,
-    cycle: _Cycle,
-    simple: tuple[list[tuple[bytes, bytes]], bytes] | None = None,
-) -> None:
-    """One ``POST /`` with a :class:`DirectSend`: through ``App.protocol`` (uvicorn
-    parsed it), or ``App.respond`` with the ``simple`` request's headers and body."""
+async def answer_directly(app: App, cycle: _Cycle) -> None:
+    """One ``POST /`` that uvicorn parsed, through ``App.protocol`` with a
+    :class:`DirectSend`."""
     send = DirectSend(cycle)
     try:
-        if simple is None:
-            scope, receive = cycle.scope, cycle.receive  # type: ignore[attr-defined]
-            await app.protocol(scope, receive, send)
-        else:
-            started = time.perf_counter()
-            kind, corr, status, payload = await app.reply(simple[1], simple[0])
-            await send.json(status, payload)
-            app.answered(kind, corr, status, started)
+        scope, receive = cycle.scope, cycle.receive  # type: ignore[attr-defined]
+        await app.protocol(scope, receive, send)
     except BaseException as exc:
-        # App.protocol answers every request itself; reaching here is a bug.  Answer
-        # as uvicorn would (500, close) and let cancellation through.
-        log.error("POST / failed outside the envelope path", exc_info=exc)
-        if not send.started and not cycle.disconnected and not cycle.transport.is_closing():
-            body = b"Internal Server Error"
-            cycle.keep_alive = False
-            send.status, send.headers = (
-                500,
-                [
-                    (b"content-type", b"text/plain; charset=utf-8"),
-                    (b"content-length", b"%d" % len(body)),
-                ],
-            )
-            await send({"type": "http.response.body", "body": body})
-        elif not cycle.response_complete:
-            cycle.transport.close()
+        failed(cycle, send, exc)
         if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt | SystemExit):
             raise
+
+
+def failed(cycle: _Cycle, send: DirectSend, exc: BaseException) -> None:
+    """``App.envelope`` answers every request itself; reaching here is a bug.  Answer as
+    uvicorn would (500, close)."""
+    log.error("POST / failed outside the envelope path", exc_info=exc)
+    if not send.started and not cycle.disconnected and not cycle.transport.is_closing():
+        body = b"Internal Server Error"
+        cycle.keep_alive = False
+        send.status, send.headers = (
+            500,
+            [
+                (b"content-type", b"text/plain; charset=utf-8"),
+                (b"content-length", b"%d" % len(body)),
+            ],
+        )
+        send.now(body)
+    elif not cycle.response_complete:
+        cycle.transport.close()
+
+
+def answer_simple(app: App, cycle: SimpleCycle, started: float, answer: Answer) -> None:
+    """Write a simple request's answer (``App.answer_soon`` calls it, at once or when
+    its batch committed), then count and log it."""
+    send = DirectSend(cycle)
+    try:
+        kind, corr, status, data = answer
+        body = encode_response(kind, corr, status, data)
+        send.status = status
+        send.headers = json_headers(body)
+        send.started = True
+        if cycle.flow.write_paused and not cycle.disconnected:
+            # The peer does not read: wait for the buffer to drain, as DirectSend.write.
+            task = asyncio.ensure_future(send.write(body))
+            task.add_done_callback(functools.partial(_written, app, cycle, send, answer, started))
+            return
+        send.now(body)
+        app.answered(kind, corr, status, started)
+    except Exception as exc:
+        failed(cycle, send, exc)
+
+
+def _written(
+    app: App,
+    cycle: SimpleCycle,
+    send: DirectSend,
+    answer: Answer,
+    started: float,
+    task: asyncio.Future[None],
+) -> None:
+    if task.cancelled():
+        return
+    exc = task.exception()
+    if exc is not None:
+        failed(cycle, send, exc)
+        return
+    app.answered(answer[0], answer[1], answer[2], started)
 
 
 class DirectHttpToolsProtocol(GuardedHttpToolsProtocol):
@@ -294,6 +326,8 @@ class DirectHttpToolsProtocol(GuardedHttpToolsProtocol):
         #: The simple request being answered, and bytes that came after it.
         self.answering: SimpleCycle | None = None
         self.held = b""
+        #: Whether :meth:`take` is on the stack (an answer written at once).
+        self.taking = False
 
     # -- simple requests -------------------------------------------------------------
 
@@ -312,31 +346,42 @@ class DirectHttpToolsProtocol(GuardedHttpToolsProtocol):
         self.take(data)
 
     def take(self, data: bytes) -> None:
-        """Answer the simple request at the start of ``data``, or hand the connection
-        to httptools from here on."""
-        request = simple_request(data, self.max_body)
-        if request is None:
-            self.simple = False
-            super().data_received(data)
-            return
-        headers, body, keep_alive, end = request
-        if end < len(data):
-            self.held = data[end:]
-        self._phase = IDLE  # the request is read whole: no header or body deadline
-        cycle = self.answering = SimpleCycle(self, keep_alive)
-        self.counts["direct"] += 1
-        self.counts["simple"] += 1
+        """Answer the simple requests at the start of ``data``, or hand the connection
+        to httptools from the first that is not simple on."""
         troth = type(self).troth
         assert troth is not None  # self.simple is False without it
-        task = self.loop.create_task(answer_directly(troth, cycle, (headers, body)))
-        task.add_done_callback(self.tasks.discard)
-        self.tasks.add(task)
+        self.taking = True
+        try:
+            while True:
+                request = simple_request(data, self.max_body)
+                if request is None:
+                    self.simple = False
+                    super().data_received(data)
+                    return
+                headers, body, keep_alive, end = request
+                self.held = data[end:]
+                self._phase = IDLE  # the request is read whole: no header or body deadline
+                cycle = self.answering = SimpleCycle(self, keep_alive)
+                self.counts["direct"] += 1
+                self.counts["simple"] += 1
+                done = functools.partial(answer_simple, troth, cycle, time.perf_counter())
+                troth.answer_soon(body, headers, done)
+                # Answered at once (a point read, a refusal): the next pipelined request
+                # is read here, not by simple_answered (no recursion per request).
+                if self.answering is not None or not self.held or self.transport.is_closing():
+                    return
+                data, self.held = self.held, b""
+                self._unset_keepalive_if_required()
+        finally:
+            self.taking = False
 
     def simple_answered(self) -> None:
         """The answer is written: as uvicorn after a response, then the next
         pipelined request, if one came."""
         self.answering = None
         self.on_response_complete()
+        if self.taking:
+            return  # take goes on with what is held
         if self.held and not self.transport.is_closing():
             data, self.held = self.held, b""
             self._unset_keepalive_if_required()

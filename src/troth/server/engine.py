@@ -176,6 +176,12 @@ class Engine:
     ) -> Outcome[T]:
         """Run ``fn`` as one job of a batch — the writer's, or with ``read_only`` a
         reader thread's; what became of it (and what it wrote)."""
+        return await self._enqueue(fn, now, keys, read_only)
+
+    def _enqueue(
+        self, fn: Callable[[Overlay], T], now: int, keys: tuple[str, ...], read_only: bool
+    ) -> asyncio.Future[Outcome[T]]:
+        """The job queued (on the event loop's thread); its future gets its outcome."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Outcome[T]] = loop.create_future()
         work = _Work(Job(fn, now, keys), None, fut, loop)
@@ -185,7 +191,7 @@ class Engine:
             self._submit(work)
         else:
             self._queue.put(work)
-        return await fut
+        return fut
 
     async def run(
         self,
@@ -211,6 +217,17 @@ class Engine:
         return (await done).result()
 
     async def request(self, req: rq.Req, now: int, head: dict[str, Any]) -> Response:
+        """Serve one protocol request (see :meth:`submit`)."""
+        got = self.submit(req, now, head)
+        return got if isinstance(got, Response) else (await got).result()
+
+    def submit(
+        self, req: rq.Req, now: int, head: dict[str, Any]
+    ) -> Response | asyncio.Future[Outcome[Response]]:
+        """One protocol request: its response at once where nothing has to wait (a
+        point read on SQLite), else the future of its job's outcome.  Raises what a
+        point read's job raised."""
+
         def job(tx: Overlay) -> Response:
             return handle(tx, req, now, self.config, head)
 
@@ -223,8 +240,8 @@ class Engine:
                 except StoreUnavailable:
                     pass  # the reader would have to wait: the writer answers instead
             elif self._readers:
-                return await self.run(job, now, lock_keys(req), read_only=True)
-        return await self.run(job, now, lock_keys(req))
+                return self._enqueue(job, now, lock_keys(req), True)
+        return self._enqueue(job, now, lock_keys(req), False)
 
     async def release(
         self, req: rq.TaskRelease, now: int, head: dict[str, Any], delay_ms: int
