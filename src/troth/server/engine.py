@@ -240,8 +240,11 @@ class Engine:
                 except StoreUnavailable:
                     pass  # the reader would have to wait: the writer answers instead
             elif self._readers:
-                return self._enqueue(job, now, lock_keys(req), True)
-        return self._enqueue(job, now, lock_keys(req), False)
+                return self._enqueue(job, now, self._keys(req), True)
+        return self._enqueue(job, now, self._keys(req), False)
+
+    def _keys(self, req: rq.Req) -> tuple[str, ...]:
+        return lock_keys(req) if self.store.uses_keys else ()
 
     async def release(
         self, req: rq.TaskRelease, now: int, head: dict[str, Any], delay_ms: int
@@ -262,7 +265,7 @@ class Engine:
                 entry = tx.written_message(req.id)
             return response, None if entry is None else entry.address
 
-        return await self.run(job, now, lock_keys(req))
+        return await self.run(job, now, self._keys(req))
 
     async def tick(self, now: int) -> int:
         """Fire every step due at ``now`` until nothing more is due (``debug.tick``)."""

@@ -276,6 +276,10 @@ class Store(ABC):
     #: Whether other processes write the same data (PostgreSQL): a due deadline
     #: that this process could not fire was then most likely fired by another.
     shared: bool = False
+    #: Whether jobs' ``keys`` are used (PostgreSQL locks and reads them up front):
+    #: elsewhere the engine does not work them out (a suspend's or a create's inner
+    #: actions would be decoded twice per request for nothing).
+    uses_keys: bool = False
     #: The outbox-row lifecycle the dispatcher works through.
     outbox: OutboxLifecycle
 

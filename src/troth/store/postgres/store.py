@@ -50,6 +50,7 @@ class PostgresStore(Session, Store):
 
     name = "postgres"
     shared = True
+    uses_keys = True
     outbox: PostgresOutbox
 
     def __init__(
