@@ -399,25 +399,21 @@ class App:
             self._tasks.add(task)
             task.add_done_callback(functools.partial(self._dispatched, admitted, done))
             return
+        later = functools.partial(self._committed, admitted, done)
         try:
-            got = self.engine.submit(admitted.req, admitted.now, admitted.head)
-            if isinstance(got, Response):
-                answer = self.conclude(admitted, got)
-            else:
-                got.add_done_callback(functools.partial(self._committed, admitted, done))
-                return
+            response = self.engine.submit(admitted.req, admitted.now, admitted.head, later)
+            if response is None:
+                return  # _committed answers, after the commit
+            answer = self.conclude(admitted, response)
         except Exception as exc:
             answer = self.failed(admitted, exc)
         done(answer)
 
     def _committed(
-        self,
-        admitted: Admitted,
-        done: Callable[[Answer], None],
-        fut: asyncio.Future[Outcome[Response]],
+        self, admitted: Admitted, done: Callable[[Answer], None], outcome: Outcome[Response]
     ) -> None:
         try:
-            answer = self.conclude(admitted, fut.result().result())
+            answer = self.conclude(admitted, outcome.result())
         except Exception as exc:
             answer = self.failed(admitted, exc)
         done(answer)

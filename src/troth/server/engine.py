@@ -64,10 +64,14 @@ def wall_clock_ms() -> int:
 class _Work:
     job: Job[Any] | None
     exclusive: Callable[[], Any] | None
-    future: asyncio.Future[Any]
+    #: Called with the outcome, on the event loop (:func:`_deliver`).
+    done: Done
     loop: asyncio.AbstractEventLoop
 
 
+#: What takes a job's outcome, on the event loop: a future's setter, or a request's
+#: own callback (``App.answer_soon``: no future, no extra pass of the loop).
+Done = Callable[[Outcome[Any]], None]
 #: What the writer's queue holds: a job or exclusive work (a store without
 #: ``loop_batches``), something lent by the event loop (with it), or the stop mark.
 _Item = _Work | Callable[[], None] | None
@@ -176,22 +180,26 @@ class Engine:
     ) -> Outcome[T]:
         """Run ``fn`` as one job of a batch — the writer's, or with ``read_only`` a
         reader thread's; what became of it (and what it wrote)."""
-        return await self._enqueue(fn, now, keys, read_only)
+        fut: asyncio.Future[Outcome[T]] = asyncio.get_running_loop().create_future()
+        self._enqueue(fn, now, keys, read_only, functools.partial(_resolve, fut))
+        return await fut
 
     def _enqueue(
-        self, fn: Callable[[Overlay], T], now: int, keys: tuple[str, ...], read_only: bool
-    ) -> asyncio.Future[Outcome[T]]:
-        """The job queued (on the event loop's thread); its future gets its outcome."""
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[Outcome[T]] = loop.create_future()
-        work = _Work(Job(fn, now, keys), None, fut, loop)
+        self,
+        fn: Callable[[Overlay], Any],
+        now: int,
+        keys: tuple[str, ...],
+        read_only: bool,
+        done: Done,
+    ) -> None:
+        """Queue the job (on the event loop's thread); ``done`` gets its outcome."""
+        work = _Work(Job(fn, now, keys), None, done, asyncio.get_running_loop())
         if read_only:
             self._reads.put(work)
         elif self.store.loop_batches:
             self._submit(work)
         else:
             self._queue.put(work)
-        return fut
 
     async def run(
         self,
@@ -209,7 +217,7 @@ class Engine:
         """Run ``fn`` on the writer thread between batches (reset, snapshot, ping)."""
         loop = asyncio.get_running_loop()
         done: asyncio.Future[Outcome[T]] = loop.create_future()
-        work = _Work(None, fn, done, loop)
+        work = _Work(None, fn, functools.partial(_resolve, done), loop)
         if self.store.loop_batches:
             self._submit(work)
         else:
@@ -218,15 +226,14 @@ class Engine:
 
     async def request(self, req: rq.Req, now: int, head: dict[str, Any]) -> Response:
         """Serve one protocol request (see :meth:`submit`)."""
-        got = self.submit(req, now, head)
-        return got if isinstance(got, Response) else (await got).result()
+        fut: asyncio.Future[Outcome[Response]] = asyncio.get_running_loop().create_future()
+        response = self.submit(req, now, head, functools.partial(_resolve, fut))
+        return response if response is not None else (await fut).result()
 
-    def submit(
-        self, req: rq.Req, now: int, head: dict[str, Any]
-    ) -> Response | asyncio.Future[Outcome[Response]]:
+    def submit(self, req: rq.Req, now: int, head: dict[str, Any], done: Done) -> Response | None:
         """One protocol request: its response at once where nothing has to wait (a
-        point read on SQLite), else the future of its job's outcome.  Raises what a
-        point read's job raised."""
+        point read on SQLite), else None, and ``done`` gets its job's outcome on the
+        event loop later.  Raises what a point read's job raised."""
 
         def job(tx: Overlay) -> Response:
             return handle(tx, req, now, self.config, head)
@@ -240,8 +247,10 @@ class Engine:
                 except StoreUnavailable:
                     pass  # the reader would have to wait: the writer answers instead
             elif self._readers:
-                return self._enqueue(job, now, self._keys(req), True)
-        return self._enqueue(job, now, self._keys(req), False)
+                self._enqueue(job, now, self._keys(req), True, done)
+                return None
+        self._enqueue(job, now, self._keys(req), False, done)
+        return None
 
     def _keys(self, req: rq.Req) -> tuple[str, ...]:
         return lock_keys(req) if self.store.uses_keys else ()
@@ -357,7 +366,7 @@ class Engine:
             store.lock.release()
         self._answer(works, outcomes, returned=True)
 
-    def _returned(self, results: list[tuple[asyncio.Future[Any], Outcome[Any]]]) -> None:
+    def _returned(self, results: list[tuple[Done, Outcome[Any]]]) -> None:
         """On the event loop: the writer thread is done with the connection."""
         _deliver(results)
         self._lent = False
@@ -415,10 +424,10 @@ class Engine:
                         self._queue.put(w)
             except BaseException as exc:
                 log.exception("batch of %d reads failed", len(works))
-                failed = [(w.future, Outcome[Any](error=exc)) for w in works]
+                failed = [(w.done, Outcome[Any](error=exc)) for w in works]
                 works[0].loop.call_soon_threadsafe(_deliver, failed)
             else:
-                results = [(w.future, o) for w, o in zip(works, outcomes, strict=True)]
+                results = [(w.done, o) for w, o in zip(works, outcomes, strict=True)]
                 works[0].loop.call_soon_threadsafe(_deliver, results)
             if stop:
                 return
@@ -430,7 +439,7 @@ class Engine:
         except BaseException as exc:
             outcome = Outcome(error=exc)
         answer = self._returned if self.store.loop_batches else _deliver
-        work.loop.call_soon_threadsafe(answer, [(work.future, outcome)])
+        work.loop.call_soon_threadsafe(answer, [(work.done, outcome)])
 
     def _run_batch(self, works: list[_Work]) -> None:
         jobs = [w.job for w in works if w.job is not None]
@@ -454,7 +463,7 @@ class Engine:
             messages += o.messages
             if o.deadline is not None:
                 earliest = min(earliest, o.deadline)
-        results = [(w.future, o) for w, o in zip(works, outcomes, strict=True)]
+        results = [(w.done, o) for w, o in zip(works, outcomes, strict=True)]
         loop = works[0].loop
         loop.call_soon_threadsafe(_deliver, results)
         if earliest < self._target:
@@ -557,7 +566,14 @@ def _drain(
     return None, False
 
 
-def _deliver(results: list[tuple[asyncio.Future[Any], Outcome[Any]]]) -> None:
-    for fut, outcome in results:
-        if not fut.done():
-            fut.set_result(outcome)
+def _deliver(results: list[tuple[Done, Outcome[Any]]]) -> None:
+    for done, outcome in results:
+        try:
+            done(outcome)
+        except Exception:  # one request's callback must not keep the others unanswered
+            log.exception("answering a job's outcome failed")
+
+
+def _resolve(fut: asyncio.Future[Outcome[Any]], outcome: Outcome[Any]) -> None:
+    if not fut.done():  # its awaiter may have been cancelled
+        fut.set_result(outcome)
