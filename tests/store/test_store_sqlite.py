@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from troth.protocol.records import Execute, Promise, Schedule, Task, Unblock, Value
@@ -22,7 +23,7 @@ from troth.store.outbox import settle_one
 from troth.store.queries import load_queries
 from troth.store.sqlite import SqliteStore
 from troth.store.sqlite.migrate import split_statements
-from troth.store.sqlite.store import _scan_sql
+from troth.store.sqlite.store import CODEC, _scan_sql
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -201,6 +202,40 @@ def test_inline_read_error_is_the_jobs_own(store: SqliteStore) -> None:
         store.read_inline(broken)
     run(store, lambda tx: tx.set_promise(pending("a")))
     assert store.read_inline(lambda tx: tx.get_promise("a")) == pending("a")
+
+
+def test_a_settle_writes_the_row_a_full_write_would(store: SqliteStore, db: Path) -> None:
+    """A settle of a promise the batch read updates only the columns a settle changes
+    (``settle_promise``); the stored row must be the full write's, byte for byte —
+    ``undrained`` included (a settled promise with callbacks) — and a write that
+    changes anything else takes the full write."""
+    with_callbacks = pending("a", callbacks=("b",), tags={"resonate:origin": "r"})
+    run(store, lambda tx: (tx.set_promise(with_callbacks), tx.set_promise(pending("c"))))
+    statements: list[str] = []
+    store.conn.set_trace_callback(statements.append)
+
+    def settle(tx: Overlay) -> None:
+        for id in ("a", "c"):
+            p = tx.get_promise(id)
+            assert p is not None
+            tx.set_promise(msgspec.structs.replace(p, state="resolved", settled_at=7))
+        c = tx.get_promise("c")
+        assert c is not None
+        tx.set_promise(msgspec.structs.replace(c, tags={"x": "y"}))  # not a settle
+
+    run(store, settle)
+    store.conn.set_trace_callback(None)
+    assert sum(s.startswith("UPDATE promises SET state") for s in statements) == 1
+    assert sum(s.startswith("INSERT INTO promises") for s in statements) == 1
+    expected = {
+        "a": msgspec.structs.replace(with_callbacks, state="resolved", settled_at=7),
+        "c": msgspec.structs.replace(pending("c"), state="resolved", settled_at=7, tags={"x": "y"}),
+    }
+    for id, p in expected.items():
+        [row] = raw(db, "SELECT * FROM promises WHERE id = ?", (id,))
+        assert row == CODEC.promise_row(p)
+    [(undrained,)] = raw(db, "SELECT undrained FROM promises WHERE id = 'a'")
+    assert undrained == 1
 
 
 def test_two_stores_share_one_file(db: Path) -> None:

@@ -14,6 +14,10 @@ SELECT id, cron, promise_id, promise_timeout, promise_param, promise_tags, creat
        next_run_at, last_run_at
 FROM schedules WHERE id = ?
 
+-- A settle (or a timeout) of a promise the batch read: only what it changes.
+-- name: settle_promise
+UPDATE promises SET state = ?, value = ?, settled_at = ?, undrained = ? WHERE id = ?
+
 -- name: upsert_promise
 INSERT INTO promises (id, state, param, value, tags, timeout_at, created_at, settled_at,
                       callbacks, listeners, external, branch, undrained, origin)

@@ -29,7 +29,7 @@ from troth.store.base import (
     StoreUnavailable,
     read_only,
 )
-from troth.store.codec import PROMISE_COLS, SCHEDULE_COLS, TASK_COLS, RowCodec
+from troth.store.codec import PROMISE_COLS, SCHEDULE_COLS, TASK_COLS, RowCodec, json_text
 from troth.store.inspection import Inspection, SqlInspection
 from troth.store.migrate import check_version, migrate
 from troth.store.outbox import OutboxStore, OutboxTable, SqlOutboxTable
@@ -163,17 +163,44 @@ class _OneStatement:
         return self.conn.execute(sql, parameters)
 
 
-class SqliteBackend(Backend):
-    """Reads and writes of the transaction that :meth:`SqliteStore.begin` opened."""
+def _settles(old: Promise, new: Promise) -> bool:
+    """Whether ``new`` differs from ``old`` (the row as it stands) at most in state,
+    value and settled_at.  The other fields are compared by identity: a settle keeps
+    the old row's objects (``msgspec.structs.replace``); anything else takes the
+    full write, which is never wrong."""
+    return (
+        old.param is new.param
+        and old.tags is new.tags
+        and old.callbacks is new.callbacks
+        and old.listeners is new.listeners
+        and old.timeout_at == new.timeout_at
+        and old.created_at == new.created_at
+    )
 
-    def __init__(self, conn: Executes) -> None:
+
+class SqliteBackend(Backend):
+    """Reads and writes of the transaction that :meth:`SqliteStore.begin` opened.
+
+    The writer's backend (``known`` not None) keeps the promise rows the transaction
+    read or wrote, as they stand in it: a write that only settles one of them
+    (:func:`_settles`) updates the four columns a settle changes instead of
+    rewriting all fourteen (a third less SQLite time, and no JSON for the others).
+    ``known`` is emptied when a transaction begins."""
+
+    def __init__(self, conn: Executes, *, known: bool = False) -> None:
         self.conn = conn
+        self.known: dict[str, Promise] | None = {} if known else None
 
     # -- reads ------------------------------------------------------------------------
 
     def get_promise(self, id: str) -> Promise | None:
         r = self.conn.execute(_Q["get_promise"], (id,)).fetchone()
-        return None if r is None else _CODEC.promise(r)
+        if r is None:
+            return None
+        p = _CODEC.promise(r)
+        if self.known is not None:
+            self.known[id] = p
+        return p
 
     def get_task(self, id: str) -> Task | None:
         r = self.conn.execute(_Q["get_task"], (id,)).fetchone()
@@ -262,7 +289,16 @@ class SqliteBackend(Backend):
 
     def apply(self, writes: Writes, now: int) -> None:
         execute = self.conn.execute
+        known = self.known
         for p in writes.promises.values():
+            if known is not None:
+                old = known.get(p.id)
+                known[p.id] = p
+                if old is not None and _settles(old, p):
+                    undrained = p.state != PENDING and bool(p.callbacks or p.listeners)
+                    row = (p.state, json_text(p.value), _int_in(p.settled_at), int(undrained), p.id)
+                    execute(_Q["settle_promise"], row)
+                    continue
             execute(_Q["upsert_promise"], _CODEC.promise_row(p))
         for t in writes.tasks.values():
             execute(_Q["upsert_task"], _CODEC.task_row(t))
@@ -320,7 +356,7 @@ class SqliteStore(Store):
             conn.close()
             raise
         self.conn = conn
-        self.backend = SqliteBackend(conn)
+        self.backend = SqliteBackend(conn, known=True)
         self.outbox = SqliteOutbox(self)
         self._reader: sqlite3.Connection | None = None
         self._reader_lock = threading.Lock()
@@ -342,6 +378,8 @@ class SqliteStore(Store):
             # nothing of it was acknowledged, so dropping it is the right thing.
             self.conn.execute("ROLLBACK")
         self.conn.execute("BEGIN IMMEDIATE")
+        assert self.backend.known is not None
+        self.backend.known.clear()
         return self.backend
 
     def begin_nowait(self) -> Backend:
