@@ -412,21 +412,21 @@ class App:
     def _committed(
         self, admitted: Admitted, done: Callable[[Answer], None], outcome: Outcome[Response]
     ) -> None:
-        try:
-            answer = self.conclude(admitted, outcome.result())
-        except Exception as exc:
-            answer = self.failed(admitted, exc)
-        done(answer)
+        done(self._answer_of(admitted, outcome.result))
 
     def _dispatched(
         self, admitted: Admitted, done: Callable[[Answer], None], task: asyncio.Future[Response]
     ) -> None:
         self._tasks.discard(task)
+        done(self._answer_of(admitted, task.result))
+
+    def _answer_of(self, admitted: Admitted, response: Callable[[], Response]) -> Answer:
+        """:meth:`conclude` with what ``response()`` returns, or :meth:`failed` with
+        what it raises."""
         try:
-            answer = self.conclude(admitted, task.result())
+            return self.conclude(admitted, response())
         except Exception as exc:
-            answer = self.failed(admitted, exc)
-        done(answer)
+            return self.failed(admitted, exc)
 
     def admit(self, body: bytes, headers: Iterable[tuple[bytes, bytes]]) -> Answer | Admitted:
         """What comes before the engine: the envelope decoded and authorised, its
