@@ -27,7 +27,10 @@ that is not simple — a head or body split across reads, a chunked or oversized
 HTTP/1.0, ``Expect: 100-continue``, anything malformed — hands that connection to
 httptools for good, from that request on (never in the middle of one), so whatever
 is unusual is parsed and answered exactly as before.  Pipelined requests wait until
-the answer before them is written, as uvicorn's pipeline does.
+the answer before them is written, as uvicorn's pipeline does.  A simple request
+has no task or coroutine of its own: ``App.answer_soon`` calls
+:func:`answer_simple` back — at once when nothing waits (a refusal, a SQLite point
+read), or when its batch committed.
 
 Everything else — other paths and methods, a CORS-enabled server (its headers are
 added by a wrapper of ``send``), a request refused for uvicorn's concurrency limit —
