@@ -308,3 +308,23 @@ def test_answers_written_at_once_keep_their_order(tmp_path: Path) -> None:
     assert answers[True] == answers[False]
     corrs = [json.loads(body)["head"]["corrId"] for _, _, body in answers[True]]
     assert corrs[:3] == ["c0", "g1", "g2"] and corrs[-1] == "g299"
+
+
+def test_a_bug_before_the_engine_is_a_500_not_a_dropped_connection(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An exception where none is expected (here: admitting the envelope) is answered
+    500 and the connection closed, as uvicorn answers a failing app — not left to the
+    event loop, which would drop the connection without an answer."""
+    with server(True) as rs:
+
+        def broken(*_: Any) -> Any:
+            raise RuntimeError("bug (test)")
+
+        monkeypatch.setattr(rs.app, "admit", broken)
+        with socket.create_connection(("127.0.0.1", port_of(rs)), timeout=10) as sock:
+            sock.sendall(post(envelope("b")))
+            [(status, headers, body)] = read_responses(sock, 1)
+            assert status == "HTTP/1.1 500 Internal Server Error"
+            assert headers.get("connection") == "close" and body == b"Internal Server Error"
+            assert sock.recv(1) == b""

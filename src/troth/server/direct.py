@@ -368,7 +368,10 @@ class DirectHttpToolsProtocol(GuardedHttpToolsProtocol):
                 self.counts["direct"] += 1
                 self.counts["simple"] += 1
                 done = functools.partial(answer_simple, troth, cycle, time.perf_counter())
-                troth.answer_soon(body, headers, done)
+                try:
+                    troth.answer_soon(body, headers, done)
+                except Exception as exc:  # a bug before the engine: 500, as a task had
+                    failed(cycle, DirectSend(cycle), exc)
                 # Answered at once (a point read, a refusal): the next pipelined request
                 # is read here, not by simple_answered (no recursion per request).
                 if self.answering is not None or not self.held or self.transport.is_closing():
