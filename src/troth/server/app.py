@@ -12,6 +12,7 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -79,26 +80,16 @@ def log_grant(kind: str, corr: str, response: Response) -> None:
 _WorkerReport = rq.TaskSuspend | rq.TaskFulfill | rq.TaskFence | rq.TaskHeartbeat
 
 
+@dataclass(slots=True)
 class Admitted:
     """A request envelope that passed decoding, auth and the limits (``App.admit``)."""
 
-    __slots__ = ("corr", "debug_time", "head", "kind", "now", "req")
-
-    def __init__(
-        self,
-        kind: str,
-        corr: str,
-        req: rq.Req,
-        now: int,
-        head: dict[str, Any],
-        debug_time: int | None,
-    ) -> None:
-        self.kind = kind
-        self.corr = corr
-        self.req = req
-        self.now = now
-        self.head = head
-        self.debug_time = debug_time
+    kind: str
+    corr: str
+    req: rq.Req
+    now: int
+    head: dict[str, Any]
+    debug_time: int | None
 
 
 class BodyTooLarge(Exception):

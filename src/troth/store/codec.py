@@ -84,6 +84,11 @@ def json_text(obj: Any) -> str:
     return _encode(obj).decode()
 
 
+def _undrained(p: Promise) -> bool:
+    """A settled promise whose callbacks or listeners are still to be drained."""
+    return p.state != PENDING and bool(p.callbacks or p.listeners)
+
+
 def _same(v: Any) -> Any:
     return v
 
@@ -123,8 +128,19 @@ class RowCodec:
             json_text(p.listeners),
             self.flag(p.external),
             p.tags.get(TAG_BRANCH) or None,
-            self.flag(p.state != PENDING and bool(p.callbacks or p.listeners)),
+            self.flag(_undrained(p)),
             p.tags.get(TAG_ORIGIN),
+        )
+
+    def settle_row(self, p: Promise) -> tuple[Any, ...]:
+        """What a settle changes of a stored promise row — ``state, value, settled_at,
+        undrained`` — then its id (a dialect's ``settle_promise``)."""
+        return (
+            p.state,
+            json_text(p.value),
+            self.int_in(p.settled_at),
+            self.flag(_undrained(p)),
+            p.id,
         )
 
     def promise(self, r: Sequence[Any]) -> Promise:

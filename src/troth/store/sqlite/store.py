@@ -29,7 +29,7 @@ from troth.store.base import (
     StoreUnavailable,
     read_only,
 )
-from troth.store.codec import PROMISE_COLS, SCHEDULE_COLS, TASK_COLS, RowCodec, json_text
+from troth.store.codec import PROMISE_COLS, SCHEDULE_COLS, TASK_COLS, RowCodec
 from troth.store.inspection import Inspection, SqlInspection
 from troth.store.migrate import check_version, migrate
 from troth.store.outbox import OutboxStore, OutboxTable, SqlOutboxTable
@@ -295,9 +295,7 @@ class SqliteBackend(Backend):
                 old = known.get(p.id)
                 known[p.id] = p
                 if old is not None and _settles(old, p):
-                    undrained = p.state != PENDING and bool(p.callbacks or p.listeners)
-                    row = (p.state, json_text(p.value), _int_in(p.settled_at), int(undrained), p.id)
-                    execute(_Q["settle_promise"], row)
+                    execute(_Q["settle_promise"], _CODEC.settle_row(p))
                     continue
             execute(_Q["upsert_promise"], _CODEC.promise_row(p))
         for t in writes.tasks.values():
