@@ -7,9 +7,14 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
+from helpers import pg
 from helpers.hook import hook_server
 from helpers.support import running_server
+from troth.outbox.rows import OutboxRow
 from troth.server.config import Settings
+from troth.server.delivery import DeliveryLoop
 
 
 def test_hanging_remote_is_reconciled_and_resent_until_the_task_moves_on() -> None:
@@ -35,3 +40,30 @@ def test_hanging_remote_is_reconciled_and_resent_until_the_task_moves_on() -> No
         assert len(hook.seen) == seen  # no more re-sends
         rows = [r for r in server.snap()["outbox"] if r["key"] == "job"]
         assert rows and all(r["state"] == "completed" for r in rows), rows
+
+
+def test_on_postgres_the_batch_that_writes_an_execute_claims_it(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The claim goes in the writing batch's own transaction (``Store.claim_in_batch``):
+    the delivery is handed the claimed row with the commit, and sends it."""
+    handed: list[tuple[int, list[str] | None]] = []
+    real = DeliveryLoop.after_commit
+
+    def spy(self: DeliveryLoop, messages: int, claimed: list[OutboxRow] | None = None) -> None:
+        keys = None if claimed is None else [r.entry.message.task_id for r in claimed]  # type: ignore[union-attr]
+        handed.append((messages, keys))
+        real(self, messages, claimed)
+
+    monkeypatch.setattr(DeliveryLoop, "after_commit", spy)
+    pg.fresh_store(pg_url).close()
+    settings = Settings(store="postgres", postgres_url=pg_url, debug=True, access_log=False)
+    with hook_server() as hook, running_server(settings) as server:
+        tags = {"resonate:target": f"http://127.0.0.1:{hook.port}/w"}
+        server.ok("promise.create", {"id": "job", "timeoutAt": 10**13, "tags": tags})
+        deadline = time.monotonic() + 10
+        while not hook.seen:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert {h["idempotency-key"] for h, _ in hook.seen} == {"job"}
+        assert handed == [(1, ["job"])]

@@ -37,7 +37,7 @@ from troth.protocol.address import PollAddress, parse_poll
 from troth.protocol.records import Execute, PromiseRecord, Task, TaskRecord, Unblock, Value
 from troth.server.config import ConfigError, Settings
 from troth.server.run import open_store
-from troth.store.base import Job, Overlay, Store
+from troth.store.base import BatchClaim, Job, Overlay, Store
 from troth.store.memory import MemoryStore
 from troth.store.migrate import Migration, SchemaTooNew, load_migrations
 from troth.store.outbox import settle_one
@@ -542,6 +542,85 @@ def test_claims_skip_rows_another_node_holds(pg_url: str, store: PostgresStore) 
         other.execute("SELECT 1 FROM outbox WHERE id <= 2 FOR UPDATE")
         assert [r.id for r in store.outbox.claim_due("w", 0, 10, "t1")] == [3, 4, 5, 6]
     assert [r.id for r in store.outbox.claim_due("w", 0, 10, "t2")] == [1, 2]
+
+
+def _outbox_states(pg_url: str) -> dict[int, tuple[str, str | None]]:
+    with raw(pg_url) as c:
+        rows = c.execute("SELECT id, state, claim_token FROM outbox ORDER BY id").fetchall()
+    return {r[0]: (r[1], r[2]) for r in rows}
+
+
+def test_a_batch_that_writes_messages_claims_them_before_its_commit(
+    pg_url: str, store: PostgresStore
+) -> None:
+    asked: list[int] = []
+
+    def ask() -> BatchClaim:
+        asked.append(1)
+        return BatchClaim("w", 0, 2, f"tok{len(asked)}")
+
+    store.claim_in_batch = ask
+    run(store, lambda tx: tx.get_promise("p"))  # writes no message: asks nothing
+    assert asked == [] and store.take_claimed() is None
+    run(store, lambda tx: [tx.set_message("poll://any@g", Execute(f"t{i}", 0)) for i in range(3)])
+    claimed = store.take_claimed()
+    assert claimed is not None and [r.id for r in claimed] == [1, 2]  # the limit, in order
+    assert all(r.state == RowState.DISPATCHING and r.claim_token == "tok1" for r in claimed)
+    assert store.take_claimed() is None  # taken once
+    # Committed with the batch, exactly as a claim after the commit would leave them.
+    assert _outbox_states(pg_url) == {
+        1: ("dispatching", "tok1"),
+        2: ("dispatching", "tok1"),
+        3: ("pending", None),
+    }
+    assert [r.id for r in store.outbox.claim_due("w", 0, 10, "later")] == [3]
+
+
+def test_a_failing_claim_in_a_batch_costs_the_batch_nothing(
+    pg_url: str, store: PostgresStore
+) -> None:
+    # A negative LIMIT fails the claim's statement inside the batch's transaction:
+    # the batch runs again without the claim, and its writes commit.
+    store.claim_in_batch = lambda: BatchClaim("w", 0, -1, "bad")
+    run(store, lambda tx: tx.set_message("poll://any@g", Execute("t", 0)))
+    assert store.take_claimed() is None and store.reruns == 1
+    assert list(_outbox_states(pg_url).values()) == [("pending", None)]
+    # Nor does a delivery that cannot say what to claim.
+    store.claim_in_batch = lambda: 1 // 0  # type: ignore[assignment,return-value]
+    run(store, lambda tx: tx.set_message("poll://any@g", Execute("u", 0)))
+    assert store.take_claimed() is None and len(_outbox_states(pg_url)) == 2
+
+
+def test_a_batch_whose_claim_is_declined_claims_nothing(pg_url: str, store: PostgresStore) -> None:
+    store.claim_in_batch = lambda: None  # delivery paused or stopping
+    run(store, lambda tx: tx.set_message("poll://any@g", Execute("t", 0)))
+    assert store.take_claimed() is None
+    assert _outbox_states(pg_url) == {1: ("pending", None)}
+
+
+def test_a_failed_write_beside_a_claim_is_still_pinned_on_its_job(
+    pg_url: str, store: PostgresStore
+) -> None:
+    """The claim goes out with the batch's writes; when one of those fails, the batch
+    runs again without the claim, then writing job by job: only the job that wrote
+    it fails, its neighbours commit (their messages left for the claim after the
+    commit)."""
+    store.claim_in_batch = lambda: BatchClaim("w", 0, 10, "tok")
+    huge = "".join(random.Random(7).choices(string.ascii_letters, k=20_000))
+
+    def write(id: str) -> Callable[[Overlay], str]:
+        def job(tx: Overlay) -> str:
+            tx.set_promise(promise(id))
+            tx.set_message("poll://any@g", Execute(id[:8], 0))
+            return id[:8]
+
+        return job
+
+    outcomes = store.execute([Job(write("a"), 0), Job(write(huge), 0), Job(write("c"), 0)])
+    assert [o.value for o in outcomes] == ["a", None, "c"]
+    assert isinstance(outcomes[1].error, psycopg.Error)
+    assert store.take_claimed() is None and store.reruns == 3  # unclaimed, careful, without
+    assert sorted(_outbox_states(pg_url).values()) == [("pending", None)] * 2
 
 
 def test_two_dispatch_nodes_never_claim_the_same_row(

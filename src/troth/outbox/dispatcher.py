@@ -87,6 +87,11 @@ class Settler:
                     fut.set_result(ok)
 
 
+def new_token() -> str:
+    """A claim's token: what a settlement must show to move the rows it claimed."""
+    return uuid.uuid4().hex
+
+
 class OutboxDispatcher:
     """Claims due outbox rows, sends them and settles each one."""
 
@@ -116,7 +121,7 @@ class OutboxDispatcher:
     def claim(self, now: int) -> list[OutboxRow]:
         """Claim a batch of due rows under a new token (blocking: the caller chooses the
         thread, e.g. right after the commit that wrote them)."""
-        token = uuid.uuid4().hex
+        token = new_token()
         return self.life.claim_due(self.config.worker_id, now, self.config.batch_size, token)
 
     async def next_due(self) -> int | None:

@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 from troth.machine.core import READ_ONLY, handle, lock_keys, tick
 from troth.machine.internal import Config
 from troth.machine.state import Response
+from troth.outbox.rows import OutboxRow
 from troth.protocol import requests as rq
 from troth.server.waiting import cancel_and_wait, wait_event
 from troth.store.base import BeginWouldWait, Job, Outcome, Overlay, Store, StoreUnavailable
@@ -79,10 +80,12 @@ _Item = _Work | Callable[[], None] | None
 
 @dataclass(frozen=True)
 class Commit:
-    """What one committed batch did: its jobs, and the outbox messages they wrote."""
+    """What one committed batch did: its jobs, the outbox messages they wrote, and the
+    due rows it claimed before its COMMIT (``Store.take_claimed``; None: none)."""
 
     jobs: int
     messages: int
+    claimed: list[OutboxRow] | None = None
 
 
 @dataclass
@@ -478,7 +481,7 @@ class Engine:
                     log.warning("could not announce deadline %d: %s", earliest, exc)
         if self.on_commit is not None:
             try:
-                self.on_commit(Commit(len(works), messages))
+                self.on_commit(Commit(len(works), messages, self.store.take_claimed()))
             except Exception:  # a bug there must not wedge the engine: log it, go on
                 log.exception("on_commit failed after a batch of %d", len(works))
         if returned:

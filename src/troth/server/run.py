@@ -89,9 +89,10 @@ def build_app(settings: Settings, store: Store | None = None) -> App:
         metrics.inc("troth_commit_batches_total")
         metrics.inc("troth_commit_jobs_total", commit.jobs)
         if commit.messages:
-            delivery.after_commit(commit.messages)
+            delivery.after_commit(commit.messages, commit.claimed)
 
     engine.on_commit = committed
+    store.claim_in_batch = delivery.batch_claim
     engine.on_resume = delivery.wake
     cluster = None
     if store.shared:

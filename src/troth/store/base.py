@@ -21,7 +21,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from troth.outbox.rows import OutboxLifecycle
+from troth.outbox.rows import OutboxLifecycle, OutboxRow
 from troth.protocol.records import (
     TAG_BRANCH,
     Message,
@@ -269,6 +269,18 @@ def read_only(
     return Outcome(value=value)
 
 
+@dataclass(frozen=True, slots=True)
+class BatchClaim:
+    """A claim of due outbox rows made inside a batch's own transaction, just before
+    its COMMIT (``Store.claim_in_batch``): as the dispatcher's claim after a commit
+    (``OutboxLifecycle.claim_due``), without a transaction and round trips of its own."""
+
+    worker_id: str
+    now: int
+    limit: int
+    token: str
+
+
 class Store(ABC):
     """A backend that can run batches of jobs in one transaction."""
 
@@ -282,6 +294,10 @@ class Store(ABC):
     uses_keys: bool = False
     #: The outbox-row lifecycle the dispatcher works through.
     outbox: OutboxLifecycle
+    #: Set by the server's delivery: asked, on the writer thread, by a batch that
+    #: wrote outbox messages, what to claim before its COMMIT (None: claim nothing
+    #: now).  Only a store that overrides :meth:`take_claimed` (PostgreSQL) asks.
+    claim_in_batch: Callable[[], BatchClaim | None] | None = None
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -359,6 +375,12 @@ class Store(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources."""
+
+    def take_claimed(self) -> list[OutboxRow] | None:
+        """The rows the last committed batch claimed (:attr:`claim_in_batch`), taken
+        once, in claim order; None when it claimed nothing itself (the delivery then
+        claims after the commit)."""
+        return None
 
     # -- group commit ----------------------------------------------------------------
 

@@ -28,6 +28,12 @@ class Cursor(Protocol):
     def execute(self, sql: Any, params: Any = ..., /) -> Any: ...
 
 
+def in_claim_order(rows: list[OutboxRow]) -> list[OutboxRow]:
+    """Claimed rows, oldest due first (a claim's RETURNING has no order)."""
+    rows.sort(key=lambda r: (r.available_at, r.id))
+    return rows
+
+
 class OutboxTable(ABC):
     """One transaction's access to the outbox table: what a dialect implements."""
 
@@ -194,9 +200,7 @@ class OutboxStore(ABC):
         return self.write(fn)
 
     def claim_due(self, worker_id: str, now: int, limit: int, token: str) -> list[OutboxRow]:
-        rows = self.write(lambda t: t.claim(worker_id, now, limit, token))
-        rows.sort(key=lambda r: (r.available_at, r.id))  # RETURNING has no order
-        return rows
+        return in_claim_order(self.write(lambda t: t.claim(worker_id, now, limit, token)))
 
     def settle(self, items: Sequence[Settlement]) -> list[bool]:
         """Several settlements in one transaction, in the order given.

@@ -11,6 +11,7 @@ from collections.abc import Callable, Collection, Sequence
 from typing import Any, Final, TypeVar
 
 import psycopg
+from psycopg.pq import TransactionStatus
 
 from troth.protocol.records import (
     PENDING,
@@ -27,6 +28,7 @@ from troth.store.codec import PROMISE_COLS, SCHEDULE_COLS, TASK_COLS, RowCodec, 
 from troth.store.postgres.session import (
     NUL,
     RETRY_SQLSTATES,
+    CommitFailed,
     Cur,
     FlushFailed,
     Phantom,
@@ -215,25 +217,42 @@ class PostgresBackend(Backend):
 
     # -- reads ------------------------------------------------------------------------
 
-    def flush(self) -> None:
-        """Send the deferred writes (one round trip).
+    def flush(
+        self, *, commit: bool = False, fetch: tuple[str, Any] | None = None
+    ) -> list[Any] | None:
+        """Send the deferred writes (one round trip), with ``fetch`` a statement after
+        them whose rows are returned, with ``commit`` the COMMIT, all in the same round
+        trip.
 
         A failure that a re-run cannot cure cannot be pinned on the job whose write
         caused it (they were sent together): :class:`FlushFailed` asks the store to
-        run the batch again writing job by job.
+        run the batch again writing job by job (or, with ``fetch``, without it).  With
+        ``commit``, an error that did not come from a statement before it (the
+        COMMIT's own, or a lost connection: the COMMIT may have happened) is
+        :class:`CommitFailed`.
         """
         statements = self._pending_statements()
-        if statements:
-            try:
-                if len(statements) == 1:
-                    self.cur.execute(*statements[0])
-                else:
-                    pipelined(self.cur, statements)
-            except psycopg.Error as exc:
-                conn = self.cur.connection
-                if exc.sqlstate in RETRY_SQLSTATES or conn.closed or conn.broken:
-                    raise
-                raise FlushFailed() from exc
+        conn = self.cur.connection
+        try:
+            if commit and not statements and fetch is None:
+                conn.commit()
+            elif commit or fetch is not None:
+                return pipelined(self.cur, statements, fetch=fetch, commit=commit)
+            elif len(statements) == 1:
+                self.cur.execute(*statements[0])
+            elif statements:
+                pipelined(self.cur, statements)
+        except psycopg.Error as exc:
+            if commit and (
+                conn.closed
+                or conn.broken
+                or conn.info.transaction_status != TransactionStatus.INERROR
+            ):
+                raise CommitFailed() from exc
+            if exc.sqlstate in RETRY_SQLSTATES or conn.closed or conn.broken:
+                raise
+            raise FlushFailed() from exc
+        return None
 
     def _pending_statements(self) -> list[tuple[str, Any]]:
         statements: list[tuple[str, Any]] = []

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from troth.outbox.rows import OutboxRow, RowState, Settlement
+from troth.store.base import BatchClaim
 from troth.store.outbox import OutboxStore, OutboxTable, SqlOutboxTable
 from troth.store.postgres.backend import CODEC, Q
 from troth.store.postgres.session import Cur, Session
@@ -39,6 +40,28 @@ class Routing:
     node: str
     timeout_ms: int
     reach: Callable[[], tuple[Sequence[str], Sequence[str]]]
+
+
+def claim_statement(routing: Routing | None, claim: BatchClaim) -> tuple[str, dict[str, Any]]:
+    """The claim's statement: ``claim``, or ``claim_routed`` on a node of several."""
+    params: dict[str, Any] = {
+        "now": claim.now,
+        "limit": claim.limit,
+        "token": claim.token,
+        "worker": claim.worker_id,
+    }
+    if routing is None:
+        return Q["claim"], params
+    groups, pairs = routing.reach()
+    params.update(
+        node=routing.node, timeout=routing.timeout_ms, groups=list(groups), pairs=list(pairs)
+    )
+    return Q["claim_routed"], params
+
+
+def claimed_rows(rows: Sequence[Any]) -> list[OutboxRow]:
+    """The claim's returned rows, decoded (``claim_due`` puts them in order)."""
+    return [CODEC.outbox_row(r) for r in rows]
 
 
 class OutboxSession(Session):
@@ -113,19 +136,8 @@ class PostgresOutboxTable(SqlOutboxTable):
         self.routing = routing
 
     def claim(self, worker_id: str, now: int, limit: int, token: str) -> list[OutboxRow]:
-        params: dict[str, Any] = {"now": now, "limit": limit, "token": token, "worker": worker_id}
-        sql = Q["claim"]
-        routing = self.routing
-        if routing is not None:
-            groups, pairs = routing.reach()
-            params.update(
-                node=routing.node,
-                timeout=routing.timeout_ms,
-                groups=list(groups),
-                pairs=list(pairs),
-            )
-            sql = Q["claim_routed"]
-        return [CODEC.outbox_row(r) for r in self.cur.execute(sql, params).fetchall()]
+        claim = BatchClaim(worker_id, now, limit, token)
+        return claimed_rows(self.cur.execute(*claim_statement(self.routing, claim)).fetchall())
 
     def finish_many(self, items: Sequence[Settlement]) -> set[int]:
         values = [

@@ -55,6 +55,12 @@ class Phantom(Exception):
     """A row this transaction read as absent exists now: its view is stale."""
 
 
+class CommitFailed(Exception):
+    """A COMMIT sent with the batch's writes failed, or the connection was lost in
+    that round trip (``__cause__``): whether it took effect is known only from the
+    error's SQLSTATE (a conflict refused it); else it is unknown."""
+
+
 class FlushFailed(Exception):
     """Deferred writes failed for a reason a re-run cannot cure (the store then runs
     the batch again writing job by job, to find the failing job)."""
@@ -71,26 +77,43 @@ class IntLoader(Loader):
         return int(bytes(data))
 
 
-def pipelined(cur: Cur, statements: Sequence[tuple[str, Any]]) -> None:
-    """Execute in one round trip; raise the first statement error, as is.
+def pipelined(
+    cur: Cur,
+    statements: Sequence[tuple[str, Any]],
+    *,
+    fetch: tuple[str, Any] | None = None,
+    commit: bool = False,
+) -> list[Any] | None:
+    """Execute in one round trip, then ``fetch`` (its rows are returned) and with
+    ``commit`` the COMMIT; raise the first error, as is.
 
     psycopg may report a failed statement while later ones are still being queued;
     raised inside the ``pipeline()`` block, that makes its exit log a warning
     (``error ignored terminating``) on a path that is routine here (a conflict that
-    re-runs the batch).  So the error is held until the pipeline is closed.
+    re-runs the batch).  So the error is held until the pipeline is closed.  After a
+    failed statement PostgreSQL skips the rest of the pipeline, COMMIT included: the
+    transaction is then left aborted (``INERROR``), which tells it from a COMMIT
+    that failed itself (the transaction is over).
     """
     first: psycopg.Error | None = None
-    try:
-        with cur.connection.pipeline():
-            try:
-                for sql, params in statements:
-                    cur.execute(sql, params)
-            except psycopg.Error as exc:
-                first = exc
-    except psycopg.Error as exc:
-        first = first or exc
-    if first is not None:
-        raise first
+    conn = cur.connection
+    with conn.cursor() as results:
+        try:
+            with conn.pipeline():
+                try:
+                    for sql, params in statements:
+                        cur.execute(sql, params)
+                    if fetch is not None:
+                        results.execute(*fetch)
+                    if commit:
+                        conn.commit()
+                except psycopg.Error as exc:
+                    first = exc
+        except psycopg.Error as exc:
+            first = first or exc
+        if first is not None:
+            raise first
+        return None if fetch is None else results.fetchall()
 
 
 class Session:
