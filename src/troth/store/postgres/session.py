@@ -14,10 +14,9 @@ from collections.abc import Callable, Collection, Sequence
 from typing import Any, Final, TypeVar
 
 import psycopg
-from psycopg.abc import Buffer
-from psycopg.adapt import Loader
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.pq import TransactionStatus
+from psycopg.types.numeric import IntLoader as NumericInts
 
 from troth.store.base import StoreUnavailable
 
@@ -70,11 +69,11 @@ class Unstorable(ValueError):
     """A value PostgreSQL cannot store; raised before any statement of the job is sent."""
 
 
-class IntLoader(Loader):
-    """NUMERIC columns hold integers only; load them as ``int``, not ``Decimal``."""
-
-    def load(self, data: Buffer) -> int:
-        return int(bytes(data))
+#: NUMERIC columns hold integers only (scale 0): load them as ``int``, not
+#: ``Decimal``, with psycopg's own integer loader — compiled in the binary package,
+#: about 1 µs per value less than a Python ``int(bytes(data))`` (a batch's prefetch
+#: reads a few hundred of them).
+IntLoader: Final = NumericInts
 
 
 def pipelined(
