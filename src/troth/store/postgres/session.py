@@ -7,6 +7,7 @@ transaction is re-run (and when it is not) is in ``docs/architecture.md``
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 import time
@@ -96,13 +97,15 @@ def pipelined(
     """
     first: psycopg.Error | None = None
     conn = cur.connection
-    with conn.cursor() as results:
+    # A cursor of its own for ``fetch`` (in a pipeline, results are read after the
+    # sync), opened only when there is one: plain flushes are on every batch's path.
+    with conn.cursor() if fetch is not None else contextlib.nullcontext() as results:
         try:
             with conn.pipeline():
                 try:
                     for sql, params in statements:
                         cur.execute(sql, params)
-                    if fetch is not None:
+                    if results is not None and fetch is not None:
                         results.execute(*fetch)
                     if commit:
                         conn.commit()
@@ -112,7 +115,7 @@ def pipelined(
             first = first or exc
         if first is not None:
             raise first
-        return None if fetch is None else results.fetchall()
+        return None if results is None else results.fetchall()
 
 
 class Session:
