@@ -14,6 +14,7 @@ PostgreSQL must be reachable (tests/helpers/pg.py): these tests fail, not skip, 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import random
 import string
@@ -42,6 +43,7 @@ from troth.store.memory import MemoryStore
 from troth.store.migrate import Migration, SchemaTooNew, load_migrations
 from troth.store.outbox import settle_one
 from troth.store.postgres import PostgresStore, StoreBusy, Unstorable
+from troth.store.postgres.outbox import Routing
 
 
 def migrations() -> tuple[Migration, ...]:
@@ -596,6 +598,86 @@ def test_a_batch_whose_claim_is_declined_claims_nothing(pg_url: str, store: Post
     run(store, lambda tx: tx.set_message("poll://any@g", Execute("t", 0)))
     assert store.take_claimed() is None
     assert _outbox_states(pg_url) == {1: ("pending", None)}
+
+
+def _outbox_rows(pg_url: str) -> dict[int, dict[str, Any]]:
+    """Every column of every outbox row but its id, by id."""
+    with raw(pg_url) as c:
+        cur = c.execute("SELECT * FROM outbox ORDER BY id")
+        names = [d.name for d in cur.description or ()]
+        return {r[names.index("id")]: dict(zip(names, r, strict=True)) for r in cur}
+
+
+def test_a_batch_inserts_its_messages_claimed_as_a_claim_would_leave_them(
+    pg_url: str, store: PostgresStore
+) -> None:
+    """The batch's own messages go in already claimed (no claim statement, no second
+    version of each row); an older pending row is left for the delivery's sweep."""
+    store.claim_in_batch = lambda: None
+    run(store, lambda tx: tx.set_message("poll://any@g", Execute("t0", 0)))  # row 1, pending
+    store.claim_in_batch = lambda: BatchClaim("w", 0, 10, "tok")
+    run(store, lambda tx: [tx.set_message("poll://any@g", Execute(f"t{i}", 0)) for i in (1, 2)])
+    claimed = store.take_claimed()
+    assert claimed is not None and [r.id for r in claimed] == [2, 3]
+    assert [r.entry.message for r in claimed] == [Execute("t1", 0), Execute("t2", 0)]
+    assert _outbox_states(pg_url) == {
+        1: ("pending", None),
+        2: ("dispatching", "tok"),
+        3: ("dispatching", "tok"),
+    }
+    # Row for row what a claim after the commit leaves (row 4 goes that way).
+    store.claim_in_batch = lambda: None
+    run(store, lambda tx: tx.set_message("poll://any@g", Execute("t3", 0)))
+    later = store.outbox.claim_due("w", 0, 10, "tok")
+    assert [r.id for r in later] == [1, 4]
+    rows = _outbox_rows(pg_url)
+    inserted, updated = rows[2], rows[4]
+    for column in ("id", "key", "task_id"):
+        del inserted[column], updated[column]
+    assert inserted == updated
+    # And what the batch hands the delivery is what the claim returns.
+    assert dataclasses.replace(claimed[0], id=4, entry=later[1].entry) == later[1]
+
+
+def test_a_message_claimed_on_insert_replaces_the_pending_row_of_its_key(
+    pg_url: str, store: PostgresStore
+) -> None:
+    store.claim_in_batch = lambda: None
+    run(store, lambda tx: tx.set_message("poll://any@g", Execute("t", 0)))
+    store.claim_in_batch = lambda: BatchClaim("w", 0, 10, "tok")
+    run(store, lambda tx: tx.set_message("poll://any@g", Execute("t", 1)))
+    claimed = store.take_claimed()
+    assert claimed is not None and [(r.id, r.entry.message) for r in claimed] == [
+        (2, Execute("t", 1))
+    ]
+    assert _outbox_states(pg_url) == {2: ("dispatching", "tok")}  # one row of the key
+
+
+def test_messages_not_all_this_nodes_to_take_go_to_the_claim_statement(
+    pg_url: str, store: PostgresStore
+) -> None:
+    """Not due yet, more than the limit, or (on a node of several) for a group or id
+    this node does not hold: the claim statement decides, and takes older due rows
+    with them."""
+    store.outbox.routing = Routing("n1", 5_000, lambda: (["g"], ["h/w1"]))
+    store.claim_in_batch = lambda: None
+    run(store, lambda tx: tx.set_message("poll://any@far", Execute("old", 0)))  # row 1
+
+    def claim_of(address: str, id: str, claim: BatchClaim) -> list[int]:
+        store.claim_in_batch = lambda: claim
+        run(store, lambda tx: tx.set_message(address, Execute(id, 0)))
+        claimed = store.take_claimed()
+        assert claimed is not None
+        return [r.id for r in claimed]
+
+    assert claim_of("poll://any@g", "a", BatchClaim("w", 0, 10, "t1")) == [2]  # on insert
+    assert claim_of("poll://uni@h/w1", "b", BatchClaim("w", 0, 10, "t2")) == [3]  # on insert
+    assert claim_of("poll://any@g", "c", BatchClaim("w", -1, 10, "t3")) == []  # not due
+    # A group no node holds, an id held elsewhere for all this node knows: the claim
+    # statement, which takes the older row as well (and row 4, due now).
+    assert claim_of("poll://uni@h/w2", "d", BatchClaim("w", 0, 10, "t4")) == [1, 4, 5]
+    assert claim_of("poll://any@g", "e", BatchClaim("w", 0, 0, "t5")) == []  # the limit
+    assert _outbox_states(pg_url)[6] == ("pending", None)
 
 
 def test_a_failed_write_beside_a_claim_is_still_pinned_on_its_job(

@@ -23,7 +23,7 @@ from troth.protocol.records import (
     Tags,
     Task,
 )
-from troth.store.base import Backend
+from troth.store.base import Backend, BatchClaim
 from troth.store.codec import PROMISE_COLS, SCHEDULE_COLS, TASK_COLS, RowCodec, json_text
 from troth.store.postgres.session import (
     NUL,
@@ -96,6 +96,45 @@ def _messages_statement(rows: Sequence[tuple[Any, ...]]) -> tuple[str, list[list
     """One ``upsert_messages`` for message rows in emission order (all text arrays)."""
     columns = [[None if v is None else str(v) for v in c] for c in zip(*rows, strict=True)]
     return Q["upsert_messages"], columns
+
+
+#: The groups and ``group/id`` pairs this node holds SSE connections for, asked from
+#: the writer thread (``outbox.Routing.reach``).
+Reach = Callable[[], tuple[Sequence[str], Sequence[str]]]
+
+#: A message row's columns (``_message_row`` order), as ``insert_claimed_messages``
+#: names its arrays.
+_MESSAGE_COLUMNS: Final = (
+    "keys", "address", "kind", "task_id", "version", "promise", "created", "due", "cast_",
+    "grp", "dest",
+)  # fmt: skip
+
+
+def _claimable(rows: Sequence[tuple[Any, ...]], claim: BatchClaim, reach: Reach | None) -> bool:
+    """Whether a claim made right after these rows were written would take every one
+    of them: each due by ``claim.now``, no more than its limit, and each this node's
+    to deliver — an http(s) row, or (``reach``: a node of several, ``claim_routed``)
+    a poll:// row for a ``group/id`` this node holds, or for any id of a group it
+    holds.  Anything else is the claim statement's to decide."""
+    if len(rows) > claim.limit:
+        return False
+    groups: Collection[str] = ()
+    pairs: Collection[str] = ()
+    if reach is not None and any(row[9] is not None for row in rows):
+        held_groups, held_pairs = reach()
+        groups, pairs = set(held_groups), set(held_pairs)
+    for row in rows:
+        if row[7] > claim.now:
+            return False
+        cast, group, id = row[8], row[9], row[10]
+        if reach is None or group is None:
+            continue
+        if id is not None and f"{group}/{id}" in pairs:
+            continue
+        if cast == "any" and id is None and group in groups:
+            continue
+        return False
+    return True
 
 
 #: The tables whose rows a batch locks, in the order a re-run locks them.
@@ -271,6 +310,24 @@ class PostgresBackend(Backend):
             statements.append(_messages_statement(list(self.pending_messages.values())))
             self.pending_messages = {}
         return statements
+
+    def claim_on_insert(
+        self, claim: BatchClaim, reach: Reach | None
+    ) -> tuple[str, dict[str, Any]] | None:
+        """The statement that inserts this batch's messages already claimed by
+        ``claim`` (their rows are what it returns), taking them out of the deferred
+        writes; None, taking nothing, when a claim right after writing them would not
+        take exactly them (:func:`_claimable`).  It saves the claim's update of every
+        row it just inserted: a statement on the batch's path, and a dead row
+        version each (docs/benchmarks.md, "Messages inserted claimed")."""
+        rows = list(self.pending_messages.values())
+        if not rows or not _claimable(rows, claim, reach):
+            return None
+        self.pending_messages = {}
+        columns = [[None if v is None else str(v) for v in c] for c in zip(*rows, strict=True)]
+        params: dict[str, Any] = dict(zip(_MESSAGE_COLUMNS, columns, strict=True))
+        params.update(now=str(claim.now), token=claim.token, worker=claim.worker_id)
+        return Q["insert_claimed_messages"], params
 
     def prefetch(self, ids: Touched) -> None:
         """Lock and read, in one round trip, the rows of ``ids``: the ids the batch's

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 from troth.outbox.rows import OutboxRow, RowState, Settlement
 from troth.store.base import BatchClaim
 from troth.store.outbox import OutboxStore, OutboxTable, SqlOutboxTable
-from troth.store.postgres.backend import CODEC, Q
+from troth.store.postgres.backend import CODEC, Q, Reach
 from troth.store.postgres.session import Cur, Session
 
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ class Routing:
 
     node: str
     timeout_ms: int
-    reach: Callable[[], tuple[Sequence[str], Sequence[str]]]
+    reach: Reach
 
 
 def claim_statement(routing: Routing | None, claim: BatchClaim) -> tuple[str, dict[str, Any]]:

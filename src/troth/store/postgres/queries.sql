@@ -135,6 +135,25 @@ INSERT INTO outbox (key, address, kind, task_id, version, promise, created_at, s
     excluded.available_at, claim_token = NULL, claimed_by = NULL, claimed_at = NULL,
     last_code = NULL, updated_at = excluded.updated_at
 
+-- The batch's messages inserted already claimed (``PostgresBackend.claim_on_insert``):
+-- what ``upsert_messages`` then ``claim`` in the same transaction leave, in one
+-- statement and without updating each row again.  A pending row of a key is replaced
+-- as the upsert replaces it (the new row takes its place, under a new id); the
+-- inserted rows are not pending, so the partial unique index is not their arbiter.
+-- name: insert_claimed_messages
+WITH superseded AS (DELETE FROM outbox WHERE state = 'pending' AND key = ANY(%(keys)b::text[]))
+    INSERT INTO outbox (key, address, kind, task_id, version, promise, created_at, state,
+    attempts, available_at, updated_at, dest_cast, dest_group, dest_id, claim_token,
+    claimed_by, claimed_at) SELECT m.key, m.address, m.kind, m.task_id, m.version::numeric,
+    m.promise, m.now::numeric, 'dispatching', 0, m.due::numeric, %(now)s::numeric, m.cast_,
+    m.grp, m.dest, %(token)s, %(worker)s, %(now)s::numeric FROM unnest(%(keys)b::text[],
+    %(address)b::text[], %(kind)b::text[], %(task_id)b::text[], %(version)b::text[],
+    %(promise)b::text[], %(created)b::text[], %(due)b::text[], %(cast_)b::text[],
+    %(grp)b::text[], %(dest)b::text[]) WITH ORDINALITY AS m(key, address, kind, task_id,
+    version, promise, now, due, cast_, grp, dest, ord) ORDER BY m.ord RETURNING id,
+    address, kind, task_id, version, promise, created_at, state, attempts, available_at,
+    claim_token, claimed_by, claimed_at, last_code, updated_at
+
 -- name: promises_in_branch
 SELECT id, state, param, value, tags, timeout_at, created_at, settled_at, callbacks,
     listeners FROM promises WHERE branch = %s ORDER BY id LIMIT %s

@@ -229,7 +229,12 @@ class PostgresStore(Session, Store):
                     raise _Rerun() from exc
             outcomes.append(Outcome.of(value, overlay.writes))
         claim = self._batch_claim(outcomes) if claiming and not careful else None
-        fetch = None if claim is None else claim_statement(self.outbox.routing, claim)
+        fetch = None
+        if claim is not None:
+            routing = self.outbox.routing
+            fetch = backend.claim_on_insert(claim, None if routing is None else routing.reach)
+            if fetch is None:
+                fetch = claim_statement(routing, claim)
         try:
             claimed = backend.flush(commit=True, fetch=fetch)
         except FlushFailed as exc:
