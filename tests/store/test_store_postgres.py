@@ -22,6 +22,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
+from decimal import Decimal
 from typing import Any
 
 import psycopg
@@ -44,6 +45,7 @@ from troth.store.migrate import Migration, SchemaTooNew, load_migrations
 from troth.store.outbox import settle_one
 from troth.store.postgres import PostgresStore, StoreBusy, Unstorable
 from troth.store.postgres.outbox import Routing
+from troth.store.postgres.session import TextArray
 
 
 def migrations() -> tuple[Migration, ...]:
@@ -598,6 +600,20 @@ def test_a_batch_whose_claim_is_declined_claims_nothing(pg_url: str, store: Post
     run(store, lambda tx: tx.set_message("poll://any@g", Execute("t", 0)))
     assert store.take_claimed() is None
     assert _outbox_states(pg_url) == {1: ("pending", None)}
+
+
+def test_a_text_array_goes_as_text_with_numbers_exact(pg_url: str) -> None:
+    """A batch's columns go as ``TextArray``: text as is (any Unicode but U+0000),
+    integers of any size as their decimal text, None as NULL; nothing else passes
+    (a bool is an int, and would be stored as neither)."""
+    items = ["a", "", 'é\u2028"{,}\\', None, 0, -(2**80), 2**63, "\U0001f600"]
+    with raw(pg_url) as c:
+        row = c.execute("SELECT %b::text[], %b::text[]", (TextArray(items), TextArray())).fetchone()
+        assert row == ([None if v is None else str(v) for v in items], [])
+        numbers = c.execute("SELECT %b::text[]::numeric[]", (TextArray([2**70, None, -1]),))
+        assert numbers.fetchone() == ([Decimal(2**70), None, Decimal(-1)],)
+        with pytest.raises(TypeError, match="str, int or None"):
+            c.execute("SELECT %b::text[]", (TextArray([True]),))
 
 
 def _outbox_rows(pg_url: str) -> dict[int, dict[str, Any]]:

@@ -38,7 +38,7 @@ import psycopg
 from troth.outbox.rows import OutboxRow
 from troth.store.codec import OUTBOX_COLS, PROMISE_COLS, SELECT_ALL
 from troth.store.migrate import SchemaError, latest_version
-from troth.store.postgres.backend import _NUMERIC_P, _NUMERIC_T, CODEC, Q, _columns
+from troth.store.postgres.backend import _FLAGS_P, _FLAGS_T, CODEC, Q, _columns
 from troth.store.postgres.session import NUL, Conn, Cur, IntLoader
 from troth.store.postgres.store import PostgresStore
 from troth.store.queries import load_queries
@@ -86,11 +86,11 @@ class _Table:
 
 
 def _insert_promises(cur: Cur, rows: list[tuple[Any, ...]]) -> None:
-    cur.execute(Q["insert_promises"], _columns(rows, _NUMERIC_P))
+    cur.execute(Q["insert_promises"], _columns(rows, _FLAGS_P))
 
 
 def _insert_tasks(cur: Cur, rows: list[tuple[Any, ...]]) -> None:
-    cur.execute(Q["insert_tasks"], _columns(rows, _NUMERIC_T))
+    cur.execute(Q["insert_tasks"], _columns(rows, _FLAGS_T))
 
 
 def _insert_schedules(cur: Cur, rows: list[tuple[Any, ...]]) -> None:

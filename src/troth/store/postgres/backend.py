@@ -32,6 +32,7 @@ from troth.store.postgres.session import (
     Cur,
     FlushFailed,
     Phantom,
+    TextArray,
     Unstorable,
     has_nul,
     pipelined,
@@ -70,18 +71,16 @@ def refuse_nul(writes: Writes) -> None:
             raise Unstorable(f"PostgreSQL text cannot hold U+0000: refusing to store {text!r}")
 
 
-# The numeric columns of a promise and a task row (codec order): the coalesced writes
-# send them as exact text, cast to NUMERIC by the statement (queries.sql).
-_NUMERIC_P: Final = frozenset({5, 6, 7})
-_NUMERIC_T: Final = frozenset({2, 3, 5, 6})
+# The boolean columns of a promise and a task row (codec order): every other column
+# goes as ``text[]`` (numbers as exact text, cast to NUMERIC by the statement).
+_FLAGS_P: Final = frozenset({10, 12})
+_FLAGS_T: Final = frozenset[int]()
 
 
-def _columns(rows: Sequence[tuple[Any, ...]], numeric: frozenset[int]) -> list[list[Any]]:
-    """Rows to parallel column arrays (numbers as exact text)."""
-    cols: list[list[Any]] = [list(c) for c in zip(*rows, strict=True)]
-    for i in numeric:
-        cols[i] = [None if v is None else str(v) for v in cols[i]]
-    return cols
+def _columns(rows: Sequence[tuple[Any, ...]], flags: frozenset[int]) -> list[list[Any]]:
+    """Rows to parallel column arrays: ``text[]`` (:class:`TextArray`) but for the
+    boolean columns ``flags``."""
+    return [list(c) if i in flags else TextArray(c) for i, c in enumerate(zip(*rows, strict=True))]
 
 
 def _message_row(
@@ -94,8 +93,7 @@ def _message_row(
 
 def _messages_statement(rows: Sequence[tuple[Any, ...]]) -> tuple[str, list[list[Any]]]:
     """One ``upsert_messages`` for message rows in emission order (all text arrays)."""
-    columns = [[None if v is None else str(v) for v in c] for c in zip(*rows, strict=True)]
-    return Q["upsert_messages"], columns
+    return Q["upsert_messages"], [TextArray(c) for c in zip(*rows, strict=True)]
 
 
 #: The groups and ``group/id`` pairs this node holds SSE connections for, asked from
@@ -295,14 +293,14 @@ class PostgresBackend(Backend):
 
     def _pending_statements(self) -> list[tuple[str, Any]]:
         statements: list[tuple[str, Any]] = []
-        for pending, insert, upsert, numeric in (
-            (self.pending_promises, Q["insert_promises"], Q["upsert_promises"], _NUMERIC_P),
-            (self.pending_tasks, Q["insert_tasks"], Q["upsert_tasks"], _NUMERIC_T),
+        for pending, insert, upsert, flags in (
+            (self.pending_promises, Q["insert_promises"], Q["upsert_promises"], _FLAGS_P),
+            (self.pending_tasks, Q["insert_tasks"], Q["upsert_tasks"], _FLAGS_T),
         ):
             for sql, new in ((insert, True), (upsert, False)):
                 rows = [row for id, (row, fresh) in sorted(pending.items()) if fresh is new]
                 if rows:
-                    statements.append((sql, _columns(rows, numeric)))
+                    statements.append((sql, _columns(rows, flags)))
             pending.clear()
         statements += self.pending_schedules
         self.pending_schedules = []
@@ -324,7 +322,7 @@ class PostgresBackend(Backend):
         if not rows or not _claimable(rows, claim, reach):
             return None
         self.pending_messages = {}
-        columns = [[None if v is None else str(v) for v in c] for c in zip(*rows, strict=True)]
+        columns = [TextArray(c) for c in zip(*rows, strict=True)]
         params: dict[str, Any] = dict(zip(_MESSAGE_COLUMNS, columns, strict=True))
         params.update(now=str(claim.now), token=claim.token, worker=claim.worker_id)
         return Q["insert_claimed_messages"], params
@@ -354,7 +352,7 @@ class PostgresBackend(Backend):
                 for table in TABLES:
                     if ids[table]:
                         reads[table] = conn.cursor()
-                        reads[table].execute(_PRELOCK[table], (sorted(ids[table]),))
+                        reads[table].execute(_PRELOCK[table], (TextArray(sorted(ids[table])),))
                 self.cur.execute("SET LOCAL enable_seqscan = on")
                 self.cur.execute(f"SET LOCAL lock_timeout = {self.lock_timeout_ms}")
             found = {table: c.fetchall() for table, c in reads.items()}
@@ -380,7 +378,7 @@ class PostgresBackend(Backend):
         from memory: in a REPEATABLE READ snapshot they cannot change."""
         if not ids or has_nul(ids):
             return
-        wanted = sorted(ids)
+        wanted = TextArray(sorted(ids))
         conn = self.cur.connection
         with conn.cursor() as promises, conn.cursor() as tasks:
             # As in prefetch: a primary-key lookup even while statistics lag.

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import contextlib
 import random
+import struct
 import threading
 import time
 from collections.abc import Callable, Collection, Sequence
 from typing import Any, Final, TypeVar
 
 import psycopg
+from psycopg.adapt import Dumper
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
-from psycopg.pq import TransactionStatus
+from psycopg.pq import Format, TransactionStatus
 from psycopg.types.numeric import IntLoader as NumericInts
 
 from troth.store.base import StoreUnavailable
@@ -75,6 +77,55 @@ class Unstorable(ValueError):
 #: about 1 µs per value less than a Python ``int(bytes(data))`` (a batch's prefetch
 #: reads a few hundred of them).
 IntLoader: Final = NumericInts
+
+
+#: PostgreSQL's type oids of ``text`` and ``text[]``.
+TEXT_OID: Final = 25
+TEXT_ARRAY_OID: Final = 1009
+_ARRAY_HEAD: Final = struct.Struct("!iiIii").pack  # ndim, has nulls, item oid, size, lbound
+_EMPTY_ARRAY: Final = struct.pack("!iiI", 0, 0, TEXT_OID)
+_ITEM_LEN: Final = struct.Struct("!i").pack
+_NULL_ITEM: Final = _ITEM_LEN(-1)
+
+
+class TextArray(list[Any]):
+    """A column of a batch's rows sent as one binary ``text[]`` parameter: items are
+    ``str``, ``int`` (sent as decimal text, which the statement casts to NUMERIC) or
+    None.  Its own dumper (:class:`TextArrayDumper`) knows the item type up front,
+    where psycopg's list dumper looks at the items first: measured, 11 columns of 31
+    rows dump in 56–100 µs instead of 140–220 (docs/benchmarks.md)."""
+
+
+class TextArrayDumper(Dumper):
+    """Dumps a :class:`TextArray` in PostgreSQL's binary array format."""
+
+    format = Format.BINARY
+    oid = TEXT_ARRAY_OID
+
+    def dump(self, obj: Any) -> bytes:
+        if not obj:
+            return _EMPTY_ARRAY
+        parts: list[bytes] = [b""]
+        nulls = 0
+        for item in obj:
+            if item is None:
+                parts.append(_NULL_ITEM)
+                nulls = 1
+                continue
+            if item.__class__ is str:
+                data = item.encode()
+            elif item.__class__ is int:
+                data = str(item).encode()
+            else:  # a bool is an int: it must not pass as 0 or 1, nor as "True"
+                raise TypeError(f"a text[] item must be str, int or None, not {item!r}")
+            parts += (_ITEM_LEN(len(data)), data)
+        parts[0] = _ARRAY_HEAD(1, nulls, TEXT_OID, len(obj), 1)
+        return b"".join(parts)
+
+
+# Every connection, the store's and any other (``store/transfer.py``), dumps a
+# TextArray with it: the type is troth's own, so nothing else is affected.
+psycopg.adapters.register_dumper(TextArray, TextArrayDumper)
 
 
 def pipelined(
