@@ -23,6 +23,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -600,6 +601,101 @@ def test_a_batch_whose_claim_is_declined_claims_nothing(pg_url: str, store: Post
     run(store, lambda tx: tx.set_message("poll://any@g", Execute("t", 0)))
     assert store.take_claimed() is None
     assert _outbox_states(pg_url) == {1: ("pending", None)}
+
+
+def _syncs_of(store: PostgresStore, jobs: list[Job[Any]], tmp: Path) -> tuple[int, int]:
+    """Syncs (round trips) and BEGINs the writer's connection sent for one batch."""
+    trace = tmp / "pq.trace"
+    with trace.open("w") as f:
+        store.conn.pgconn.trace(f.fileno())
+        try:
+            assert all(o.error is None for o in store.execute(jobs))
+        finally:
+            store.conn.pgconn.untrace()
+    sent = [line for line in trace.read_text().splitlines() if "\tF\t" in line]
+    syncs = sum(1 for line in sent if "\tSync" in line)
+    return syncs, sum(1 for line in sent if '"BEGIN' in line)
+
+
+def test_a_batch_is_two_round_trips_its_begin_sent_with_the_last_commit(
+    pg_url: str, store: PostgresStore, tmp_path: Path
+) -> None:
+    """The prefetch, then the writes with COMMIT and the next transaction's BEGIN: two
+    syncs.  Without the BEGIN ready, psycopg's own costs one more."""
+
+    def job(id: str) -> Job[None]:
+        return Job(
+            lambda tx: tx.set_promise(promise(id)) if tx.get_promise(id) is None else None, 0, (id,)
+        )
+
+    assert _syncs_of(store, [job("a"), job("b")], tmp_path) == (3, 2)  # first: BEGIN alone
+    assert store.begun
+    assert _syncs_of(store, [job("c"), job("d")], tmp_path) == (2, 1)  # the next BEGIN only
+    with raw(pg_url) as c:
+        states = c.execute(
+            "SELECT state, backend_xmin FROM pg_stat_activity WHERE pid = %s",
+            (store.conn.info.backend_pid,),
+        ).fetchall()
+        locks = c.execute(
+            "SELECT count(*) FROM pg_locks WHERE pid = %s AND locktype <> 'virtualxid'",
+            (store.conn.info.backend_pid,),
+        ).fetchone()
+    # Nothing run in it: no snapshot held back from vacuum, no lock.
+    assert states == [("idle in transaction", None)] and locks == (0,)
+    assert run(store, lambda tx: tx.get_promise("c")) == promise("c")
+
+
+def test_the_begun_transaction_serves_any_next_use_of_the_connection(
+    pg_url: str, store: PostgresStore
+) -> None:
+    """A snapshot (REPEATABLE READ: set first in its transaction), a ping, a reset
+    and a failed batch all start from the BEGIN a batch left, or roll it back."""
+    put(store, promise("a"))
+    assert store.begun
+    assert [p["id"] for p in store.snapshot()["promises"]] == ["a"]
+    put(store, promise("b"))
+    store.ping()
+    put(store, promise("c"))
+    failed = store.execute([Job(lambda tx: 1 // 0, 0)])
+    assert isinstance(failed[0].error, ZeroDivisionError)
+    put(store, promise("d"))
+    assert [p["id"] for p in store.snapshot()["promises"]] == ["a", "b", "c", "d"]
+    store.reset()
+    assert store.snapshot()["promises"] == []
+
+
+def test_an_idle_writer_outlives_the_servers_idle_transaction_timeout(
+    pg_url: str, store: PostgresStore
+) -> None:
+    """The begun transaction waits between batches: the writer's connection turns the
+    timeout off for itself; a connection lost meanwhile is reopened by the batch."""
+    with raw(pg_url) as c:
+        c.autocommit = True
+        db = c.execute("SELECT current_database()").fetchone()
+        assert db is not None
+        c.execute(f'ALTER DATABASE "{db[0]}" SET idle_in_transaction_session_timeout = 100')
+        try:
+            other = PostgresStore(pg_url)
+            try:
+                put(other, promise("a"))
+                pid = other.conn.info.backend_pid
+                time.sleep(0.4)
+                put(other, promise("b"))
+                assert other.conn.info.backend_pid == pid  # not closed
+                c.execute("SELECT pg_terminate_backend(%s)", (pid,))
+                time.sleep(0.1)
+                # Its next batch finds the connection gone at its first statement (the
+                # prefetch), reconnects and runs again.
+                create = Job(
+                    lambda tx: tx.get_promise("c") or tx.set_promise(promise("c")), 0, ("c",)
+                )
+                assert [o.error for o in other.execute([create])] == [None]
+                assert other.conn.info.backend_pid != pid
+                assert [p["id"] for p in other.snapshot()["promises"]] == ["a", "b", "c"]
+            finally:
+                other.close()
+        finally:
+            c.execute(f'ALTER DATABASE "{db[0]}" RESET idle_in_transaction_session_timeout')
 
 
 def test_a_text_array_goes_as_text_with_numbers_exact(pg_url: str) -> None:

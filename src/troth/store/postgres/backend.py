@@ -255,11 +255,12 @@ class PostgresBackend(Backend):
     # -- reads ------------------------------------------------------------------------
 
     def flush(
-        self, *, commit: bool = False, fetch: tuple[str, Any] | None = None
+        self, *, commit: bool = False, fetch: tuple[str, Any] | None = None, begin: bool = False
     ) -> list[Any] | None:
         """Send the deferred writes (one round trip), with ``fetch`` a statement after
         them whose rows are returned, with ``commit`` the COMMIT, all in the same round
-        trip.
+        trip; with ``begin`` (and ``commit``) the next transaction's BEGIN after it
+        (:func:`pipelined`).
 
         A failure that a re-run cannot cure cannot be pinned on the job whose write
         caused it (they were sent together): :class:`FlushFailed` asks the store to
@@ -274,7 +275,7 @@ class PostgresBackend(Backend):
             if commit and not statements and fetch is None:
                 conn.commit()
             elif commit or fetch is not None:
-                return pipelined(self.cur, statements, fetch=fetch, commit=commit)
+                return pipelined(self.cur, statements, fetch=fetch, commit=commit, begin=begin)
             elif len(statements) == 1:
                 self.cur.execute(*statements[0])
             elif statements:

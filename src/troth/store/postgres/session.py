@@ -128,15 +128,28 @@ class TextArrayDumper(Dumper):
 psycopg.adapters.register_dumper(TextArray, TextArrayDumper)
 
 
+#: What starts a transaction of a :class:`Session` (its isolation level, as psycopg's
+#: own BEGIN says it).
+BEGIN: Final = "BEGIN ISOLATION LEVEL READ COMMITTED"
+
+
 def pipelined(
     cur: Cur,
     statements: Sequence[tuple[str, Any]],
     *,
     fetch: tuple[str, Any] | None = None,
     commit: bool = False,
+    begin: bool = False,
 ) -> list[Any] | None:
     """Execute in one round trip, then ``fetch`` (its rows are returned) and with
-    ``commit`` the COMMIT; raise the first error, as is.
+    ``commit`` the COMMIT, and with ``begin`` the next transaction's BEGIN; raise the
+    first error, as is.
+
+    The COMMIT and the BEGIN go as statements in the pipeline, so that the
+    pipeline's one closing sync is the one round trip: ``conn.commit()`` syncs and
+    waits there, and the closing sync then waits again; psycopg's own BEGIN before
+    a transaction's first statement in a pipeline is a round trip of its own too
+    (``Session.begun``: docs/architecture.md, "Two round trips per batch").
 
     psycopg may report a failed statement while later ones are still being queued;
     raised inside the ``pipeline()`` block, that makes its exit log a warning
@@ -159,7 +172,9 @@ def pipelined(
                     if results is not None and fetch is not None:
                         results.execute(*fetch)
                     if commit:
-                        conn.commit()
+                        cur.execute("COMMIT")
+                        if begin:
+                            cur.execute(BEGIN)
                 except psycopg.Error as exc:
                     first = exc
         except psycopg.Error as exc:
@@ -192,6 +207,9 @@ class Session:
         self.lock = threading.Lock()
         #: Transactions re-run after a conflict.
         self.retries = 0
+        #: The open transaction ran nothing but its BEGIN (sent with the last COMMIT,
+        #: :func:`pipelined`): as fresh as a new one, so :meth:`_fresh` keeps it.
+        self.begun = False
         self.conn = self._connect()
         self.cur: Cur = self.conn.cursor()
 
@@ -215,10 +233,14 @@ class Session:
 
     def _fresh(self) -> None:
         """Ready for a new transaction: reconnect if the connection was lost, roll
-        back whatever an interrupted caller left open."""
+        back whatever an interrupted caller left open — but keep a transaction that
+        ran nothing but its BEGIN (:attr:`begun`)."""
+        begun, self.begun = self.begun, False
         if self.conn.closed or self.conn.broken:
             self._reconnect()
         elif self.conn.info.transaction_status != TransactionStatus.IDLE:
+            if begun and self.conn.info.transaction_status == TransactionStatus.INTRANS:
+                return
             self.conn.rollback()
 
     def _reconnect(self) -> None:
@@ -231,6 +253,7 @@ class Session:
 
     def rollback(self) -> None:
         """Best effort: never raises, so the error that caused it is what callers see."""
+        self.begun = False
         try:
             if not self.conn.closed:
                 self.conn.rollback()

@@ -61,6 +61,10 @@ class PostgresStore(Session, Store):
 
     name = "postgres"
     shared = True
+    #: Between batches the writer's connection holds a transaction that ran nothing
+    #: but its BEGIN (``Session.begun``): a server-wide idle-in-transaction timeout
+    #: must not close it (it holds no lock and no snapshot).
+    settings = ("SET idle_in_transaction_session_timeout = 0",)
     uses_keys = True
     outbox: PostgresOutbox
 
@@ -236,7 +240,7 @@ class PostgresStore(Session, Store):
             if fetch is None:
                 fetch = claim_statement(routing, claim)
         try:
-            claimed = backend.flush(commit=True, fetch=fetch)
+            claimed = backend.flush(commit=True, fetch=fetch, begin=True)
         except FlushFailed as exc:
             if fetch is not None:  # the writes or the claim: again without the claim
                 raise _Unclaimed() from exc
@@ -251,6 +255,9 @@ class PostgresStore(Session, Store):
             if self._transient(exc):
                 raise _Retry() from exc
             raise
+        # The next batch's transaction is open already (BEGIN went with the COMMIT):
+        # its first statements need not wait for a BEGIN of their own.
+        self.begun = self.conn.info.transaction_status == TransactionStatus.INTRANS
         if claimed is not None:
             self._claimed = in_claim_order(claimed_rows(claimed))
         return outcomes
