@@ -98,8 +98,7 @@ def _insert_schedules(cur: Cur, rows: list[tuple[Any, ...]]) -> None:
 
 
 def _insert_outbox(cur: Cur, rows: list[tuple[Any, ...]]) -> None:
-    columns = [[None if v is None else str(v) for v in c] for c in zip(*rows, strict=True)]
-    cur.execute(_T["insert_outbox_rows"], columns)
+    cur.execute(_T["insert_outbox_rows"], _columns(rows))
 
 
 def _outbox_row(keyed: tuple[str, OutboxRow]) -> tuple[Any, ...]:

@@ -77,9 +77,9 @@ _FLAGS_P: Final = frozenset({10, 12})
 _FLAGS_T: Final = frozenset[int]()
 
 
-def _columns(rows: Sequence[tuple[Any, ...]], flags: frozenset[int]) -> list[list[Any]]:
+def _columns(rows: Sequence[tuple[Any, ...]], flags: frozenset[int] = _FLAGS_T) -> list[list[Any]]:
     """Rows to parallel column arrays: ``text[]`` (:class:`TextArray`) but for the
-    boolean columns ``flags``."""
+    boolean columns ``flags`` (none: every column text, as the outbox's)."""
     return [list(c) if i in flags else TextArray(c) for i, c in enumerate(zip(*rows, strict=True))]
 
 
@@ -93,7 +93,7 @@ def _message_row(
 
 def _messages_statement(rows: Sequence[tuple[Any, ...]]) -> tuple[str, list[list[Any]]]:
     """One ``upsert_messages`` for message rows in emission order (all text arrays)."""
-    return Q["upsert_messages"], [TextArray(c) for c in zip(*rows, strict=True)]
+    return Q["upsert_messages"], _columns(rows)
 
 
 #: The groups and ``group/id`` pairs this node holds SSE connections for, asked from
@@ -323,8 +323,7 @@ class PostgresBackend(Backend):
         if not rows or not _claimable(rows, claim, reach):
             return None
         self.pending_messages = {}
-        columns = [TextArray(c) for c in zip(*rows, strict=True)]
-        params: dict[str, Any] = dict(zip(_MESSAGE_COLUMNS, columns, strict=True))
+        params: dict[str, Any] = dict(zip(_MESSAGE_COLUMNS, _columns(rows), strict=True))
         params.update(now=str(claim.now), token=claim.token, worker=claim.worker_id)
         return Q["insert_claimed_messages"], params
 
