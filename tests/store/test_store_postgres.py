@@ -617,6 +617,69 @@ def _syncs_of(store: PostgresStore, jobs: list[Job[Any]], tmp: Path) -> tuple[in
     return syncs, sum(1 for line in sent if '"BEGIN' in line)
 
 
+def test_the_dispatchers_claim_settlement_and_notify_are_one_round_trip_each(
+    pg_url: str, store: PostgresStore, tmp_path: Path
+) -> None:
+    """One statement each, sent in autocommit mode: no BEGIN, no COMMIT, one Sync —
+    and what they did is committed (another connection sees it at once)."""
+    run(store, lambda tx: [tx.set_message("poll://any@g", Execute(f"t{i}", 0)) for i in range(3)])
+    conn = store.outbox.session.conn
+    trace = tmp_path / "outbox.trace"
+
+    def sent(call: Callable[[], Any]) -> tuple[Any, list[str]]:
+        with trace.open("w") as f:
+            conn.pgconn.trace(f.fileno())
+            try:
+                value = call()
+            finally:
+                conn.pgconn.untrace()
+        kinds = [line.split("\t")[3] for line in trace.read_text().splitlines() if "\tF\t" in line]
+        return value, kinds
+
+    one_round_trip = ["Parse", "Bind", "Describe", "Execute", "Sync"]
+    rows, kinds = sent(lambda: store.outbox.claim_due("w", 0, 2, "tok"))
+    assert [r.id for r in rows] == [1, 2] and kinds == one_round_trip
+    assert _outbox_states(pg_url)[1] == ("dispatching", "tok")
+    done = [Settlement(r.id, "tok", RowState.COMPLETED, 1) for r in rows]
+    settled, kinds = sent(lambda: store.outbox.settle(done))
+    assert settled == [True, True] and kinds == one_round_trip
+    assert [state for state, _ in _outbox_states(pg_url).values()] == [
+        "completed",
+        "completed",
+        "pending",
+    ]
+    with raw(pg_url) as listener:
+        listener.autocommit = True
+        listener.execute("LISTEN troth")
+        _, kinds = sent(lambda: store.outbox.notify("n1 1 -"))
+        assert kinds == one_round_trip
+        assert [n.payload for n in listener.notifies(timeout=2, stop_after=1)] == ["n1 1 -"]
+    assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    assert not conn.autocommit  # the session's other transactions are as they were
+
+
+def test_a_one_statement_settlement_waits_out_a_lock_by_running_again(
+    pg_url: str, store: PostgresStore
+) -> None:
+    """A row another transaction holds: the settlement's statement meets the
+    session's lock_timeout, fails whole, and is sent again until it gets through."""
+    run(store, lambda tx: tx.set_message("poll://any@g", Execute("t", 0)))
+    [row] = store.outbox.claim_due("w", 0, 1, "tok")
+    session = store.outbox.session
+    retries = session.retries
+    with raw(pg_url) as holder:
+        holder.execute("SELECT id FROM outbox WHERE id = %s FOR UPDATE", (row.id,))
+        timer = threading.Timer(0.2, holder.commit)
+        timer.start()
+        try:
+            settled = store.outbox.settle([Settlement(row.id, "tok", RowState.COMPLETED, 1)])
+        finally:
+            timer.join()
+    assert settled == [True]
+    assert session.retries > retries
+    assert _outbox_states(pg_url)[row.id] == ("completed", None)
+
+
 def test_a_batch_is_two_round_trips_its_begin_sent_with_the_last_commit(
     pg_url: str, store: PostgresStore, tmp_path: Path
 ) -> None:

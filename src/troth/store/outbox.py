@@ -199,8 +199,13 @@ class OutboxStore(ABC):
         """Run a read-only ``fn`` (a dialect may read without a write transaction)."""
         return self.write(fn)
 
+    def write_one(self, fn: Callable[[OutboxTable], T]) -> T:
+        """Run ``fn``, which sends exactly one statement, as one write transaction (a
+        dialect may send the statement alone: PostgreSQL's one round trip)."""
+        return self.write(fn)
+
     def claim_due(self, worker_id: str, now: int, limit: int, token: str) -> list[OutboxRow]:
-        return in_claim_order(self.write(lambda t: t.claim(worker_id, now, limit, token)))
+        return in_claim_order(self.write_one(lambda t: t.claim(worker_id, now, limit, token)))
 
     def settle(self, items: Sequence[Settlement]) -> list[bool]:
         """Several settlements in one transaction, in the order given.
@@ -213,7 +218,7 @@ class OutboxStore(ABC):
         if len(set(ids)) == len(ids) and all(
             s.token is not None and s.state != RowState.PENDING for s in items
         ):
-            done = self.write(lambda t: t.finish_many(items))
+            done = self.write_one(lambda t: t.finish_many(items))
             return [s.row_id in done for s in items]
         return self.write(lambda t: [settle_row(t, s) for s in items])
 

@@ -117,9 +117,15 @@ class PostgresOutbox(OutboxStore):
         routing = self.routing
         return self.run(lambda cur: fn(PostgresOutboxTable(cur, routing)))
 
+    def write_one(self, fn: Callable[[OutboxTable], T]) -> T:
+        """One statement, one round trip (``Session.run_single``): the dispatcher's
+        claims and settlements."""
+        routing = self.routing
+        return self.session.run_single(lambda cur: fn(PostgresOutboxTable(cur, routing)))
+
     def notify(self, payload: str) -> None:
         """``NOTIFY troth`` on the outbox connection, at once (its own transaction)."""
-        self.run(lambda cur: cur.execute(Q["notify"], (payload,)))
+        self.session.run_single(lambda cur: cur.execute(Q["notify"], (payload,)))
 
     def close(self) -> None:
         with self._opening:

@@ -281,6 +281,38 @@ class Session:
             except psycopg.OperationalError as exc:
                 raise StoreUnavailable(f"postgres unreachable: {exc}") from exc
 
+    def run_single(self, fn: Callable[[Cur], T]) -> T:
+        """``fn``, which sends exactly one statement, as a transaction of its own in
+        one round trip: in autocommit mode, the statement is its own transaction,
+        where :meth:`run` costs three (psycopg's BEGIN, the statement, COMMIT), each
+        a wait and a wake-up of the calling thread.
+
+        Re-run after a conflict (the statement failed whole: nothing took effect);
+        not after a lost connection, when the statement may have committed.
+        """
+        with self.lock:
+            failures = 0
+            while True:
+                self._fresh()
+                conn = self.conn
+                conn.autocommit = True
+                try:
+                    return fn(self.cur)
+                except psycopg.Error as exc:
+                    failures += 1
+                    lost = conn.closed or conn.broken
+                    if exc.sqlstate in RETRY_SQLSTATES and not lost:
+                        if failures < self.max_attempts:
+                            self.retries += 1
+                            self._backoff(failures)
+                            continue
+                    if isinstance(exc, psycopg.OperationalError):
+                        raise StoreUnavailable(f"postgres unreachable: {exc}") from exc
+                    raise
+                finally:
+                    if not (conn.closed or conn.broken):
+                        conn.autocommit = False
+
     def _run(self, fn: Callable[[Cur], T], snapshot: bool) -> T:
         failures = 0
         while True:
