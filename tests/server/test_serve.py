@@ -36,6 +36,18 @@ def test_serve_uses_troth_db_in_the_working_directory(tmp_path: Path) -> None:
     assert (tmp_path / "troth.db").exists()
 
 
+def test_ctrl_c_stops_gracefully_with_status_130_and_no_traceback(tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    with serve(["serve", "--db", "t.db"], tmp_path, log) as (proc, url):
+        with httpx.Client(base_url=url) as c:
+            assert create(c, "a") == 200
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(15) == 130, log.read_text()
+    text = log.read_text()
+    assert "Application shutdown complete" in text
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text
+
+
 def test_sigterm_finishes_in_flight_requests_and_nothing_acknowledged_is_lost(
     tmp_path: Path,
 ) -> None:

@@ -20,6 +20,9 @@ from troth.cli.storage import add_storage_commands, run_storage
 from troth.cli.token import add_token_command, run_token
 from troth.server.config import ConfigError, Settings, load
 
+#: Exit status of a server stopped with Ctrl-C (128 + SIGINT, as a shell reports it).
+EXIT_INTERRUPTED = 130
+
 
 def add_server_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="path of a troth.toml (default: ./troth.toml if present)")
@@ -172,7 +175,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from troth.server.run import serve as run_server
 
-    return run_server(settings)
+    try:
+        return run_server(settings)
+    except KeyboardInterrupt:
+        # Ctrl-C: uvicorn shuts down gracefully, then raises SIGINT again so that the
+        # process ends as interrupted; the shell's convention for that, not a traceback.
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":
