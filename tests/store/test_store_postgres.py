@@ -658,6 +658,48 @@ def test_the_dispatchers_claim_settlement_and_notify_are_one_round_trip_each(
     assert not conn.autocommit  # the session's other transactions are as they were
 
 
+def test_a_batch_whose_statement_is_canceled_before_its_commit_runs_again(
+    pg_url: str, store: PostgresStore
+) -> None:
+    """57014 before COMMIT (an operator's cancel, or PostgreSQL's report of a lock
+    timeout that fired as the wait ended) changed nothing: the batch runs again, and
+    the job never sees the error."""
+    put(store, promise("p"))
+    pid = store.conn.info.backend_pid
+
+    def waiting_on_a_lock(admin: psycopg.Connection[tuple[Any, ...]]) -> bool:
+        row = admin.execute(
+            "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)
+        ).fetchone()
+        return row is not None and row[0] == "Lock"
+
+    outcome: list[Any] = []
+    with raw(pg_url) as holder, raw(pg_url) as admin:
+        admin.autocommit = True
+        holder.execute("SELECT 1 FROM promises WHERE id = 'p' FOR UPDATE")
+        job = Job(lambda tx: tx.get_promise("p"), 0, ("p",))  # prefetched: waits, no timeout
+        worker = threading.Thread(target=lambda: outcome.extend(store.execute([job])))
+        worker.start()
+        try:
+            retries = store.retries
+            for waits in range(2):  # canceled once, then waiting again in the re-run
+                deadline = time.monotonic() + 10
+                while not waiting_on_a_lock(admin):
+                    assert time.monotonic() < deadline, "the batch never waited for the lock"
+                    time.sleep(0.01)
+                if waits == 0:
+                    assert admin.execute("SELECT pg_cancel_backend(%s)", (pid,)).fetchone()
+                    deadline = time.monotonic() + 10
+                    while store.retries == retries:
+                        assert time.monotonic() < deadline, "the canceled batch did not re-run"
+                        time.sleep(0.01)
+        finally:
+            holder.commit()
+            worker.join(10)
+    [done] = outcome
+    assert done.error is None and done.value is not None and done.value.id == "p"
+
+
 def test_a_one_statement_settlement_waits_out_a_lock_by_running_again(
     pg_url: str, store: PostgresStore
 ) -> None:

@@ -27,7 +27,7 @@ from troth.store.base import Backend, BatchClaim
 from troth.store.codec import PROMISE_COLS, SCHEDULE_COLS, TASK_COLS, RowCodec, json_text
 from troth.store.postgres.session import (
     NUL,
-    RETRY_SQLSTATES,
+    RERUN_BEFORE_COMMIT,
     CommitFailed,
     Cur,
     FlushFailed,
@@ -287,7 +287,7 @@ class PostgresBackend(Backend):
                 or conn.info.transaction_status != TransactionStatus.INERROR
             ):
                 raise CommitFailed() from exc
-            if exc.sqlstate in RETRY_SQLSTATES or conn.closed or conn.broken:
+            if exc.sqlstate in RERUN_BEFORE_COMMIT or conn.closed or conn.broken:
                 raise
             raise FlushFailed() from exc
         return None

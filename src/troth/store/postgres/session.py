@@ -42,6 +42,16 @@ LOCK_TIMEOUT: Final = 0.05
 #: absent was created by someone else), lock not available (a ``lock_timeout``).
 RETRY_SQLSTATES: Final = frozenset({"40001", "40P01", "23505", "55P03"})
 
+#: ``query_canceled``.  Besides an operator's cancel, PostgreSQL reports a
+#: ``lock_timeout`` that expires just as the wait ends (the timeout's indicator is
+#: cleared, the cancel it raised is not) as 57014 "due to user request" instead of
+#: 55P03: seen here with several nodes contending for one row.  Before COMMIT nothing
+#: of the transaction took effect, so it is re-run as a lock timeout would be — but
+#: not a COMMIT or a lone autocommit statement that met it (it may have happened).
+CANCELED: Final = "57014"
+#: What re-runs a transaction when a statement before its COMMIT failed.
+RERUN_BEFORE_COMMIT: Final = RETRY_SQLSTATES | {CANCELED}
+
 NUL: Final = "\x00"
 
 
@@ -264,7 +274,7 @@ class Session:
         """Whether re-running the whole transaction (before COMMIT) is the answer."""
         if isinstance(exc, Phantom):
             return True
-        if isinstance(exc, psycopg.Error) and exc.sqlstate in RETRY_SQLSTATES:
+        if isinstance(exc, psycopg.Error) and exc.sqlstate in RERUN_BEFORE_COMMIT:
             return True
         return isinstance(exc, psycopg.Error) and (self.conn.closed or self.conn.broken)
 
