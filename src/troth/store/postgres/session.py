@@ -285,11 +285,7 @@ class Session:
         """One transaction outside group commit (the outbox lifecycle, reset, snapshot),
         re-run on conflicts like a batch; ``snapshot`` makes it one REPEATABLE READ view.
         """
-        with self.lock:
-            try:
-                return self._run(fn, snapshot)
-            except psycopg.OperationalError as exc:
-                raise StoreUnavailable(f"postgres unreachable: {exc}") from exc
+        return self._locked(lambda: self._run(fn, snapshot))
 
     def run_single(self, fn: Callable[[Cur], T]) -> T:
         """``fn``, which sends exactly one statement, as a transaction of its own in
@@ -300,28 +296,35 @@ class Session:
         Re-run after a conflict (the statement failed whole: nothing took effect);
         not after a lost connection, when the statement may have committed.
         """
+        return self._locked(lambda: self._run_single(fn))
+
+    def _locked(self, body: Callable[[], T]) -> T:
+        """``body`` holding the session's lock; a connection that failed under it is
+        :class:`StoreUnavailable` to the caller."""
         with self.lock:
-            failures = 0
-            while True:
-                self._fresh()
-                conn = self.conn
-                conn.autocommit = True
-                try:
-                    return fn(self.cur)
-                except psycopg.Error as exc:
-                    failures += 1
-                    lost = conn.closed or conn.broken
-                    if exc.sqlstate in RETRY_SQLSTATES and not lost:
-                        if failures < self.max_attempts:
-                            self.retries += 1
-                            self._backoff(failures)
-                            continue
-                    if isinstance(exc, psycopg.OperationalError):
-                        raise StoreUnavailable(f"postgres unreachable: {exc}") from exc
+            try:
+                return body()
+            except psycopg.OperationalError as exc:
+                raise StoreUnavailable(f"postgres unreachable: {exc}") from exc
+
+    def _run_single(self, fn: Callable[[Cur], T]) -> T:
+        failures = 0
+        while True:
+            self._fresh()
+            conn = self.conn
+            conn.autocommit = True
+            try:
+                return fn(self.cur)
+            except psycopg.Error as exc:
+                failures += 1
+                lost = conn.closed or conn.broken
+                if exc.sqlstate not in RETRY_SQLSTATES or lost or failures >= self.max_attempts:
                     raise
-                finally:
-                    if not (conn.closed or conn.broken):
-                        conn.autocommit = False
+            finally:
+                if not (conn.closed or conn.broken):
+                    conn.autocommit = False
+            self.retries += 1
+            self._backoff(failures)
 
     def _run(self, fn: Callable[[Cur], T], snapshot: bool) -> T:
         failures = 0
