@@ -26,6 +26,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import psycopg
 import pytest
 
@@ -748,6 +749,50 @@ def test_a_batch_is_two_round_trips_its_begin_sent_with_the_last_commit(
     # Nothing run in it: no snapshot held back from vacuum, no lock.
     assert states == [("idle in transaction", None)] and locks == (0,)
     assert run(store, lambda tx: tx.get_promise("c")) == promise("c")
+
+
+def _request_job(req: rq.Req, now: int = 1) -> Job[Response]:
+    """A request as the engine makes it a job: the machine's handler, its lock keys."""
+    return Job(lambda tx: handle(tx, req, now, CONFIG, {}), now, lock_keys(req))
+
+
+def test_a_batch_settling_awaited_children_reads_their_awaiters_in_one_round_trip(
+    store: PostgresStore, tmp_path: Path
+) -> None:
+    """A fan-out's last step: a batch settles the children four suspended parents
+    wait on.  Each settle resumes its parent, which the requests do not name: read
+    one by one, each parent cost two round trips (its promise, its task) in the
+    middle of the batch.  The batch now reads them all, locked, right after its own
+    rows — three round trips whatever the number of parents — and answers as the
+    memory store does."""
+    parents = [f"p{i}" for i in range(4)]
+    setup: list[rq.Req] = []
+    for p in parents:
+        setup += [
+            rq.PromiseCreate(p, 10**12, Value(), TARGET),
+            rq.TaskAcquire(p, 0, "w", 10**9),
+            rq.PromiseCreate(f"{p}.c", 10**12, Value(), EXT),
+        ]
+    for p in parents:
+        action = rq.Action(
+            "promise.register_callback",
+            msgspec.json.encode({"awaited": f"{p}.c", "awaiter": p}),
+        )
+        setup.append(rq.TaskSuspend(p, 1, [action]))  # acquired: version 1
+    settles = [rq.PromiseSettle(f"{p}.c", "resolved") for p in parents]
+    memory = MemoryStore()
+    for target in (store, memory):
+        for req in setup:
+            outcome = target.execute([_request_job(req)])[0]
+            assert outcome.error is None and outcome.value.status in (200, 201), req
+    assert store.begun
+    jobs = [_request_job(r) for r in settles]
+    assert _syncs_of(store, jobs, tmp_path)[0] == 3  # its rows, their awaiters, COMMIT
+    assert [o.value for o in store.execute(jobs)] == [o.value for o in memory.execute(jobs)]
+    again = [_request_job(rq.TaskGet(p)) for p in parents]
+    answers = [o.value for o in store.execute(again)]
+    assert answers == [o.value for o in memory.execute(again)]
+    assert [a.data["task"].state for a in answers] == ["pending"] * 4  # all resumed
 
 
 def test_the_begun_transaction_serves_any_next_use_of_the_connection(

@@ -53,7 +53,8 @@ def lock_keys(req: rq.Req) -> tuple[str, ...]:
 
     Known from the request alone, so a store shared between nodes can lock them in
     sorted order up front (``Job.keys``); rows reached later (a settle's awaiters,
-    a fence's inner create) are locked as the handler reads them.
+    which the PostgreSQL store reads right after these, all at once) are locked as
+    the handler reads them.
     """
     if isinstance(req, rq.PromiseRegisterCallback):
         return (req.awaited, req.awaiter)

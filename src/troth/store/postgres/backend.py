@@ -327,7 +327,7 @@ class PostgresBackend(Backend):
         params.update(now=str(claim.now), token=claim.token, worker=claim.worker_id)
         return Q["insert_claimed_messages"], params
 
-    def prefetch(self, ids: Touched) -> None:
+    def prefetch(self, ids: Touched, *, wait: bool = True) -> None:
         """Lock and read, in one round trip, the rows of ``ids``: the ids the batch's
         requests name (first attempt) or every row earlier attempts touched (a re-run).
         Later point reads of them are served from memory (schedules are only locked).
@@ -336,7 +336,9 @@ class PostgresBackend(Backend):
         takes these locks in the same global order, so no cycle can form among them.
         Rows the batch reaches beyond this set are locked as the machine reads them,
         under the usual ``lock_timeout``; a cycle through one of those ends when that
-        wait times out, and the next attempt locks a larger set up front.
+        wait times out, and the next attempt locks a larger set up front.  Without
+        ``wait`` (:meth:`awaiters`), that usual ``lock_timeout`` bounds these waits
+        too.
         """
         self.flush()
         conn = self.cur.connection
@@ -347,14 +349,16 @@ class PostgresBackend(Backend):
             # later), and with stale ones the planner scans the whole table for an
             # id list; these are primary-key lookups, so the index is always right.
             with conn.pipeline():
-                self.cur.execute("SET LOCAL lock_timeout = 0")
+                if wait:
+                    self.cur.execute("SET LOCAL lock_timeout = 0")
                 self.cur.execute("SET LOCAL enable_seqscan = off")
                 for table in TABLES:
                     if ids[table]:
                         reads[table] = conn.cursor()
                         reads[table].execute(_PRELOCK[table], (TextArray(sorted(ids[table])),))
                 self.cur.execute("SET LOCAL enable_seqscan = on")
-                self.cur.execute(f"SET LOCAL lock_timeout = {self.lock_timeout_ms}")
+                if wait:
+                    self.cur.execute(f"SET LOCAL lock_timeout = {self.lock_timeout_ms}")
             found = {table: c.fetchall() for table, c in reads.items()}
         finally:
             for c in reads.values():
@@ -371,6 +375,28 @@ class PostgresBackend(Backend):
             t = tasks.get(id)
             self._seen(self.seen_tasks, "task", id, t is not None)
             self.tasks[id] = t
+
+    def awaiters(self) -> Touched | None:
+        """The awaiters (``callbacks``) of the pending promises this transaction holds
+        that it does not hold yet: what settling one of those promises reads next.
+
+        Read one by one, each would be two round trips (its promise, then its task)
+        in the middle of a job; a batch that settles the children of a fan-out paid
+        one such pair per child (docs/benchmarks.md).  Prefetched together after the
+        batch's own rows, they cost one round trip per batch, locked in sorted order
+        under the usual ``lock_timeout`` — as the point reads they replace were.
+        None when there are none (no statement is sent)."""
+        held_p, held_t = self.promises, self.tasks
+        ids = {
+            awaiter
+            for p in held_p.values()
+            if p is not None and p.state == PENDING
+            for awaiter in p.callbacks
+            if awaiter not in held_p or awaiter not in held_t
+        }
+        if not ids or has_nul(ids):
+            return None
+        return {"promises": ids, "tasks": ids, "schedules": set()}
 
     def preread(self, ids: Collection[str]) -> None:
         """Read, in one round trip and locking nothing, the promises and tasks of

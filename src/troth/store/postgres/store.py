@@ -196,6 +196,9 @@ class PostgresStore(Session, Store):
         if prelock is not None:
             try:
                 backend.prefetch(prelock)
+                follow = backend.awaiters()
+                if follow is not None:
+                    backend.prefetch(follow, wait=False)
             except Exception as exc:
                 if self._transient(exc):
                     raise _Retry() from exc
