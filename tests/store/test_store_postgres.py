@@ -32,7 +32,7 @@ import pytest
 
 from helpers import pg
 from helpers.store_jobs import EXT, Model, outcomes_of, promise, put, run, schedule
-from troth.machine.core import handle, lock_keys
+from troth.machine.core import handle, lock_keys, tick
 from troth.machine.internal import Config
 from troth.machine.state import Response
 from troth.outbox.rows import RowState, Settlement
@@ -793,6 +793,34 @@ def test_a_batch_settling_awaited_children_reads_their_awaiters_in_one_round_tri
     answers = [o.value for o in store.execute(again)]
     assert answers == [o.value for o in memory.execute(again)]
     assert [a.data["task"].state for a in answers] == ["pending"] * 4  # all resumed
+
+
+def test_a_timer_pass_reads_the_tasks_and_awaiters_of_its_due_promises_at_once(
+    store: PostgresStore, tmp_path: Path
+) -> None:
+    """Four targeted promises time out, each with its task, and one of them is awaited
+    by a suspended parent.  The pass's four due lists, the tasks and the awaiter in
+    one round trip, then the COMMIT: six, where each task (and the parent's promise
+    and task) cost one of its own; and the same outcome as the memory store."""
+    setup: list[rq.Req] = [
+        rq.PromiseCreate("parent", 10**12, Value(), TARGET),
+        rq.TaskAcquire("parent", 0, "w", 10**9),
+    ]
+    setup += [rq.PromiseCreate(f"t{i}", 100, Value(), TARGET) for i in range(4)]
+    action = rq.Action(
+        "promise.register_callback", msgspec.json.encode({"awaited": "t0", "awaiter": "parent"})
+    )
+    setup.append(rq.TaskSuspend("parent", 1, [action]))
+    memory = MemoryStore()
+    for target in (store, memory):
+        for req in setup:
+            outcome = target.execute([_request_job(req)])[0]
+            assert outcome.error is None and outcome.value.status in (200, 201), req
+    passes = [Job(lambda tx: tick(tx, 200, CONFIG), 200)]
+    assert _syncs_of(store, passes, tmp_path)[0] == 6
+    fired = memory.execute(passes)[0]
+    assert (fired.value, fired.messages) == (4, 1)  # four timeouts; the parent resumed
+    assert store.snapshot() == memory.snapshot()
 
 
 def test_the_begun_transaction_serves_any_next_use_of_the_connection(

@@ -376,27 +376,29 @@ class PostgresBackend(Backend):
             self._seen(self.seen_tasks, "task", id, t is not None)
             self.tasks[id] = t
 
-    def awaiters(self) -> Touched | None:
-        """The awaiters (``callbacks``) of the pending promises this transaction holds
-        that it does not hold yet: what settling one of those promises reads next.
+    def awaiters(self, tasks: Collection[str] = ()) -> Touched | None:
+        """What settling the pending promises this transaction holds reads next and
+        it does not hold yet: their awaiters' (``callbacks``) promises and tasks, and
+        the tasks of ``tasks`` (due promises: a timeout settles each with its task).
 
-        Read one by one, each would be two round trips (its promise, then its task)
-        in the middle of a job; a batch that settles the children of a fan-out paid
-        one such pair per child (docs/benchmarks.md).  Prefetched together after the
-        batch's own rows, they cost one round trip per batch, locked in sorted order
-        under the usual ``lock_timeout`` — as the point reads they replace were.
-        None when there are none (no statement is sent)."""
+        Read one by one, each would be a round trip in the middle of a job; a batch
+        that settles the children of a fan-out paid two (the parent's promise, its
+        task) per child, a timer pass one per due promise (docs/benchmarks.md).
+        Prefetched together, they cost one round trip, locked in sorted order under
+        the usual ``lock_timeout`` — as the point reads they replace were.  None when
+        there are none (no statement is sent)."""
         held_p, held_t = self.promises, self.tasks
-        ids = {
+        waiting = {
             awaiter
             for p in held_p.values()
             if p is not None and p.state == PENDING
             for awaiter in p.callbacks
-            if awaiter not in held_p or awaiter not in held_t
         }
-        if not ids or has_nul(ids):
+        promises = {id for id in waiting if id not in held_p}
+        task_ids = {id for id in (*waiting, *tasks) if id not in held_t}
+        if not (promises or task_ids) or has_nul(promises) or has_nul(task_ids):
             return None
-        return {"promises": ids, "tasks": ids, "schedules": set()}
+        return {"promises": promises, "tasks": task_ids, "schedules": set()}
 
     def preread(self, ids: Collection[str]) -> None:
         """Read, in one round trip and locking nothing, the promises and tasks of
@@ -537,7 +539,11 @@ class PostgresBackend(Backend):
         return ids
 
     def due_promises(self, now: int, limit: int) -> list[str]:
-        return self._due("promises", (now, limit), CODEC.promise, self.promises)
+        ids = self._due("promises", (now, limit), CODEC.promise, self.promises)
+        follow = self.awaiters(tasks=ids)
+        if follow is not None:
+            self.prefetch(follow, wait=False)
+        return ids
 
     def due_tasks(self, now: int, limit: int) -> list[str]:
         """The task's promise is locked when it is read (``get_task``)."""
