@@ -823,6 +823,29 @@ def test_a_timer_pass_reads_the_tasks_and_awaiters_of_its_due_promises_at_once(
     assert store.snapshot() == memory.snapshot()
 
 
+def test_a_timer_pass_reads_the_promises_of_its_due_tasks_at_once(
+    store: PostgresStore, tmp_path: Path
+) -> None:
+    """Four leases expire: the pass reads each task's promise (still pending?).  The
+    four due lists, the promises in one round trip, the COMMIT: six syncs, where each
+    promise cost one of its own; and the same outcome as the memory store."""
+    setup: list[rq.Req] = []
+    for i in range(4):
+        setup += [
+            rq.PromiseCreate(f"l{i}", 10**12, Value(), TARGET),
+            rq.TaskAcquire(f"l{i}", 0, "w", 100),
+        ]
+    memory = MemoryStore()
+    for target in (store, memory):
+        for req in setup:
+            outcome = target.execute([_request_job(req)])[0]
+            assert outcome.error is None and outcome.value.status in (200, 201), req
+    passes = [Job(lambda tx: tick(tx, 1000, CONFIG), 1000)]
+    assert _syncs_of(store, passes, tmp_path)[0] == 6
+    assert memory.execute(passes)[0].value == 4  # four leases expired
+    assert store.snapshot() == memory.snapshot()
+
+
 def test_the_begun_transaction_serves_any_next_use_of_the_connection(
     pg_url: str, store: PostgresStore
 ) -> None:

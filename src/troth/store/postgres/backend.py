@@ -546,9 +546,16 @@ class PostgresBackend(Backend):
         return ids
 
     def due_tasks(self, now: int, limit: int) -> list[str]:
-        """The task's promise is locked when it is read (``get_task``)."""
+        """A due task's promise is read next (is it still pending?): the promises of
+        the list come in one round trip after it, locked under the usual
+        ``lock_timeout``, where each cost a point read of its own (the same order:
+        task, then promise; a cycle with a request's batch ends at that timeout)."""
         params = {"now": now, "limit": limit}
-        return self._due("tasks", params, CODEC.task, self.tasks)
+        ids = self._due("tasks", params, CODEC.task, self.tasks)
+        promises = {id for id in ids if id not in self.promises}
+        if promises and not has_nul(promises):
+            self.prefetch({"promises": promises, "tasks": set(), "schedules": set()}, wait=False)
+        return ids
 
     def due_schedules(self, now: int, limit: int) -> list[str]:
         return self._ids(Q["due_schedules"], (now, limit))
