@@ -604,18 +604,47 @@ def test_a_batch_whose_claim_is_declined_claims_nothing(pg_url: str, store: Post
     assert _outbox_states(pg_url) == {1: ("pending", None)}
 
 
-def _syncs_of(store: PostgresStore, jobs: list[Job[Any]], tmp: Path) -> tuple[int, int]:
-    """Syncs (round trips) and BEGINs the writer's connection sent for one batch."""
+def _traced(store: PostgresStore, jobs: list[Job[Any]], tmp: Path) -> tuple[list[Any], list[str]]:
+    """One batch's answers (none failed), and the messages the writer's connection
+    sent for it."""
     trace = tmp / "pq.trace"
     with trace.open("w") as f:
         store.conn.pgconn.trace(f.fileno())
         try:
-            assert all(o.error is None for o in store.execute(jobs))
+            outcomes = store.execute(jobs)
         finally:
             store.conn.pgconn.untrace()
+    assert all(o.error is None for o in outcomes)
     sent = [line for line in trace.read_text().splitlines() if "\tF\t" in line]
+    return [o.value for o in outcomes], sent
+
+
+def _syncs_of(store: PostgresStore, jobs: list[Job[Any]], tmp: Path) -> tuple[int, int]:
+    """Syncs (round trips) and BEGINs the writer's connection sent for one batch."""
+    _, sent = _traced(store, jobs, tmp)
     syncs = sum(1 for line in sent if "\tSync" in line)
     return syncs, sum(1 for line in sent if '"BEGIN' in line)
+
+
+def _same_on_memory(store: PostgresStore, setup: list[rq.Req]) -> MemoryStore:
+    """``setup`` run request by request on ``store`` and on a new memory store (each
+    answered 200 or 201): the memory store is what ``store`` must answer like."""
+    memory = MemoryStore()
+    for target in (store, memory):
+        for req in setup:
+            outcome = target.execute([_request_job(req)])[0]
+            assert outcome.error is None and outcome.value.status in (200, 201), req
+    return memory
+
+
+def _round_trips_and_answers(
+    store: PostgresStore, memory: MemoryStore, jobs: list[Job[Any]], tmp: Path
+) -> int:
+    """Syncs ``store`` sent for the batch ``jobs``, whose answers are checked against
+    the memory store's for the same batch."""
+    answers, sent = _traced(store, jobs, tmp)
+    assert answers == [o.value for o in memory.execute(jobs)]
+    return sum(1 for line in sent if "\tSync" in line)
 
 
 def test_the_dispatchers_claim_settlement_and_notify_are_one_round_trip_each(
@@ -779,16 +808,10 @@ def test_a_batch_settling_awaited_children_reads_their_awaiters_in_one_round_tri
             msgspec.json.encode({"awaited": f"{p}.c", "awaiter": p}),
         )
         setup.append(rq.TaskSuspend(p, 1, [action]))  # acquired: version 1
-    settles = [rq.PromiseSettle(f"{p}.c", "resolved") for p in parents]
-    memory = MemoryStore()
-    for target in (store, memory):
-        for req in setup:
-            outcome = target.execute([_request_job(req)])[0]
-            assert outcome.error is None and outcome.value.status in (200, 201), req
-    assert store.begun
-    jobs = [_request_job(r) for r in settles]
-    assert _syncs_of(store, jobs, tmp_path)[0] == 3  # its rows, their awaiters, COMMIT
-    assert [o.value for o in store.execute(jobs)] == [o.value for o in memory.execute(jobs)]
+    memory = _same_on_memory(store, setup)
+    settles = [_request_job(rq.PromiseSettle(f"{p}.c", "resolved")) for p in parents]
+    # Its rows, their awaiters, the COMMIT.
+    assert _round_trips_and_answers(store, memory, settles, tmp_path) == 3
     again = [_request_job(rq.TaskGet(p)) for p in parents]
     answers = [o.value for o in store.execute(again)]
     assert answers == [o.value for o in memory.execute(again)]
@@ -811,16 +834,13 @@ def test_a_timer_pass_reads_the_tasks_and_awaiters_of_its_due_promises_at_once(
         "promise.register_callback", msgspec.json.encode({"awaited": "t0", "awaiter": "parent"})
     )
     setup.append(rq.TaskSuspend("parent", 1, [action]))
-    memory = MemoryStore()
-    for target in (store, memory):
-        for req in setup:
-            outcome = target.execute([_request_job(req)])[0]
-            assert outcome.error is None and outcome.value.status in (200, 201), req
+    memory = _same_on_memory(store, setup)
     passes = [Job(lambda tx: tick(tx, 200, CONFIG), 200)]
-    assert _syncs_of(store, passes, tmp_path)[0] == 6
-    fired = memory.execute(passes)[0]
-    assert (fired.value, fired.messages) == (4, 1)  # four timeouts; the parent resumed
-    assert store.snapshot() == memory.snapshot()
+    assert _round_trips_and_answers(store, memory, passes, tmp_path) == 6
+    snapshot = store.snapshot()
+    assert snapshot == memory.snapshot()
+    resumed = [r["message"] for r in snapshot["outbox"] if r["key"] == "parent"]
+    assert [(m["kind"], m["version"]) for m in resumed] == [("execute", 1)]
 
 
 def test_a_timer_pass_reads_the_promises_of_its_due_tasks_at_once(
@@ -835,15 +855,12 @@ def test_a_timer_pass_reads_the_promises_of_its_due_tasks_at_once(
             rq.PromiseCreate(f"l{i}", 10**12, Value(), TARGET),
             rq.TaskAcquire(f"l{i}", 0, "w", 100),
         ]
-    memory = MemoryStore()
-    for target in (store, memory):
-        for req in setup:
-            outcome = target.execute([_request_job(req)])[0]
-            assert outcome.error is None and outcome.value.status in (200, 201), req
+    memory = _same_on_memory(store, setup)
     passes = [Job(lambda tx: tick(tx, 1000, CONFIG), 1000)]
-    assert _syncs_of(store, passes, tmp_path)[0] == 6
-    assert memory.execute(passes)[0].value == 4  # four leases expired
-    assert store.snapshot() == memory.snapshot()
+    assert _round_trips_and_answers(store, memory, passes, tmp_path) == 6
+    tasks = store.snapshot()["tasks"]
+    assert tasks == memory.snapshot()["tasks"]
+    assert [t["state"] for t in tasks] == ["pending"] * 4  # four leases expired
 
 
 def test_the_begun_transaction_serves_any_next_use_of_the_connection(
