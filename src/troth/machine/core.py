@@ -84,6 +84,17 @@ def lock_keys(req: rq.Req) -> tuple[str, ...]:
     return (id,) if isinstance(id, str) else ()
 
 
+def settled_keys(req: rq.Req, keys: tuple[str, ...]) -> tuple[str, ...]:
+    """The ids among ``keys`` (:func:`lock_keys`) whose promise ``req`` may settle,
+    and whose awaiters it then resumes: a store shared between nodes reads those
+    awaiters up front (``Job.settles``) instead of one by one mid-batch."""
+    if isinstance(req, rq.PromiseSettle | rq.TaskFulfill):
+        return keys
+    if isinstance(req, rq.TaskFence) and req.action.kind == "promise.settle":
+        return keys[1:]  # the task's own id comes first
+    return ()
+
+
 def handle(tx: Tx, req: rq.Req, now: int, config: Config, head: dict[str, Any]) -> Response:
     """Answer one client request at ``now`` and fire what it enabled."""
     rec = Recorder(tx)

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from troth.machine.core import READ_ONLY, handle, lock_keys, tick
+from troth.machine.core import READ_ONLY, handle, lock_keys, settled_keys, tick
 from troth.machine.internal import Config
 from troth.machine.state import Response
 from troth.outbox.rows import OutboxRow
@@ -194,9 +194,10 @@ class Engine:
         keys: tuple[str, ...],
         read_only: bool,
         done: Done,
+        settles: tuple[str, ...] = (),
     ) -> None:
         """Queue the job (on the event loop's thread); ``done`` gets its outcome."""
-        work = _Work(Job(fn, now, keys), None, done, asyncio.get_running_loop())
+        work = _Work(Job(fn, now, keys, settles), None, done, asyncio.get_running_loop())
         if read_only:
             self._reads.put(work)
         elif self.store.loop_batches:
@@ -252,7 +253,8 @@ class Engine:
             elif self._readers:
                 self._enqueue(job, now, self._keys(req), True, done)
                 return None
-        self._enqueue(job, now, self._keys(req), False, done)
+        keys = self._keys(req)
+        self._enqueue(job, now, keys, False, done, settled_keys(req, keys))
         return None
 
     def _keys(self, req: rq.Req) -> tuple[str, ...]:

@@ -192,12 +192,15 @@ class Job(Generic[T]):
     ``keys`` are the promise (and task) ids ``fn`` will read first, when known in
     advance; a store shared with other writers locks them in sorted order before
     running the batch, so two batches over the same ids queue instead of
-    deadlocking.  Stores without row locks ignore them.
+    deadlocking.  Stores without row locks ignore them.  ``settles`` are those of
+    them whose promise ``fn`` may settle: that store then reads their awaiters up
+    front too.
     """
 
     fn: Callable[[Overlay], T]
     now: int
     keys: tuple[str, ...] = ()
+    settles: tuple[str, ...] = ()
 
 
 @dataclass

@@ -376,10 +376,12 @@ class PostgresBackend(Backend):
             self._seen(self.seen_tasks, "task", id, t is not None)
             self.tasks[id] = t
 
-    def awaiters(self, tasks: Collection[str] = ()) -> Touched | None:
-        """What settling the pending promises this transaction holds reads next and
-        it does not hold yet: their awaiters' (``callbacks``) promises and tasks, and
-        the tasks of ``tasks`` (due promises: a timeout settles each with its task).
+    def awaiters(self, of: Collection[str], tasks: Collection[str] = ()) -> Touched | None:
+        """What settling the pending promises ``of`` (held by this transaction) reads
+        next and it does not hold yet: their awaiters' (``callbacks``) promises and
+        tasks, and the tasks of ``tasks`` (due promises: a timeout settles each with
+        its task).  Only promises a job may settle (``Job.settles``), so that a batch
+        that merely acquires a child does not lock its parent.
 
         Read one by one, each would be a round trip in the middle of a job; a batch
         that settles the children of a fan-out paid two (the parent's promise, its
@@ -390,8 +392,8 @@ class PostgresBackend(Backend):
         held_p, held_t = self.promises, self.tasks
         waiting = {
             awaiter
-            for p in held_p.values()
-            if p is not None and p.state == PENDING
+            for id in of
+            if (p := held_p.get(id)) is not None and p.state == PENDING
             for awaiter in p.callbacks
         }
         promises = {id for id in waiting if id not in held_p}
@@ -540,7 +542,7 @@ class PostgresBackend(Backend):
 
     def due_promises(self, now: int, limit: int) -> list[str]:
         ids = self._due("promises", (now, limit), CODEC.promise, self.promises)
-        follow = self.awaiters(tasks=ids)
+        follow = self.awaiters(ids, tasks=ids)
         if follow is not None:
             self.prefetch(follow, wait=False)
         return ids

@@ -196,7 +196,8 @@ class PostgresStore(Session, Store):
         if prelock is not None:
             try:
                 backend.prefetch(prelock)
-                follow = backend.awaiters()
+                settling = [k for i, job in enumerate(jobs) if i not in aside for k in job.settles]
+                follow = backend.awaiters(settling) if settling else None
                 if follow is not None:
                     backend.prefetch(follow, wait=False)
             except Exception as exc:
