@@ -619,11 +619,15 @@ def _traced(store: PostgresStore, jobs: list[Job[Any]], tmp: Path) -> tuple[list
     return [o.value for o in outcomes], sent
 
 
+def _syncs(sent: list[str]) -> int:
+    """Round trips among traced messages: one Sync each."""
+    return sum(1 for line in sent if "\tSync" in line)
+
+
 def _syncs_of(store: PostgresStore, jobs: list[Job[Any]], tmp: Path) -> tuple[int, int]:
     """Syncs (round trips) and BEGINs the writer's connection sent for one batch."""
     _, sent = _traced(store, jobs, tmp)
-    syncs = sum(1 for line in sent if "\tSync" in line)
-    return syncs, sum(1 for line in sent if '"BEGIN' in line)
+    return _syncs(sent), sum(1 for line in sent if '"BEGIN' in line)
 
 
 def _same_on_memory(store: PostgresStore, setup: list[rq.Req]) -> MemoryStore:
@@ -644,7 +648,7 @@ def _round_trips_and_answers(
     the memory store's for the same batch."""
     answers, sent = _traced(store, jobs, tmp)
     assert answers == [o.value for o in memory.execute(jobs)]
-    return sum(1 for line in sent if "\tSync" in line)
+    return _syncs(sent)
 
 
 def test_the_dispatchers_claim_settlement_and_notify_are_one_round_trip_each(

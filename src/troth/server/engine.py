@@ -254,7 +254,7 @@ class Engine:
                 self._enqueue(job, now, self._keys(req), True, done)
                 return None
         keys = self._keys(req)
-        self._enqueue(job, now, keys, False, done, settled_keys(req, keys))
+        self._enqueue(job, now, keys, False, done, settled_keys(req, keys) if keys else ())
         return None
 
     def _keys(self, req: rq.Req) -> tuple[str, ...]:

@@ -337,7 +337,7 @@ class PostgresBackend(Backend):
         Rows the batch reaches beyond this set are locked as the machine reads them,
         under the usual ``lock_timeout``; a cycle through one of those ends when that
         wait times out, and the next attempt locks a larger set up front.  Without
-        ``wait`` (:meth:`awaiters`), that usual ``lock_timeout`` bounds these waits
+        ``wait`` (:meth:`read_next`), that usual ``lock_timeout`` bounds these waits
         too.
         """
         self.flush()
@@ -376,31 +376,38 @@ class PostgresBackend(Backend):
             self._seen(self.seen_tasks, "task", id, t is not None)
             self.tasks[id] = t
 
-    def awaiters(self, of: Collection[str], tasks: Collection[str] = ()) -> Touched | None:
-        """What settling the pending promises ``of`` (held by this transaction) reads
-        next and it does not hold yet: their awaiters' (``callbacks``) promises and
-        tasks, and the tasks of ``tasks`` (due promises: a timeout settles each with
-        its task).  Only promises a job may settle (``Job.settles``), so that a batch
-        that merely acquires a child does not lock its parent.
+    def read_next(
+        self,
+        settles: Collection[str] = (),
+        *,
+        tasks: Collection[str] = (),
+        promises: Collection[str] = (),
+    ) -> None:
+        """Lock and read, in one round trip, what this transaction reads next and does
+        not hold yet: the awaiters' (``callbacks``) promises and tasks of the pending
+        promises ``settles`` (held; ones a job may settle, ``Job.settles``, so that a
+        batch that merely acquires a child does not lock its parent), the tasks
+        ``tasks`` (due promises: a timeout settles each with its task) and the
+        promises ``promises`` (due tasks: is each still pending?).
 
         Read one by one, each would be a round trip in the middle of a job; a batch
         that settles the children of a fan-out paid two (the parent's promise, its
-        task) per child, a timer pass one per due promise (docs/benchmarks.md).
-        Prefetched together, they cost one round trip, locked in sorted order under
-        the usual ``lock_timeout`` — as the point reads they replace were.  None when
-        there are none (no statement is sent)."""
+        task) per child, a timer pass one per due promise or task
+        (docs/benchmarks.md).  Read together, under the usual ``lock_timeout`` — as
+        the point reads they replace were (after a due list, in the same order: the
+        due row, then the other) — they cost one round trip, and none when every
+        row is held."""
         held_p, held_t = self.promises, self.tasks
         waiting = {
             awaiter
-            for id in of
+            for id in settles
             if (p := held_p.get(id)) is not None and p.state == PENDING
             for awaiter in p.callbacks
         }
-        promises = {id for id in waiting if id not in held_p}
-        task_ids = {id for id in (*waiting, *tasks) if id not in held_t}
-        if not (promises or task_ids) or has_nul(promises) or has_nul(task_ids):
-            return None
-        return {"promises": promises, "tasks": task_ids, "schedules": set()}
+        want_p = {id for id in (*waiting, *promises) if id not in held_p}
+        want_t = {id for id in (*waiting, *tasks) if id not in held_t}
+        if (want_p or want_t) and not (has_nul(want_p) or has_nul(want_t)):
+            self.prefetch({"promises": want_p, "tasks": want_t, "schedules": set()}, wait=False)
 
     def preread(self, ids: Collection[str]) -> None:
         """Read, in one round trip and locking nothing, the promises and tasks of
@@ -542,21 +549,15 @@ class PostgresBackend(Backend):
 
     def due_promises(self, now: int, limit: int) -> list[str]:
         ids = self._due("promises", (now, limit), CODEC.promise, self.promises)
-        follow = self.awaiters(ids, tasks=ids)
-        if follow is not None:
-            self.prefetch(follow, wait=False)
+        self.read_next(ids, tasks=ids)
         return ids
 
     def due_tasks(self, now: int, limit: int) -> list[str]:
-        """A due task's promise is read next (is it still pending?): the promises of
-        the list come in one round trip after it, locked under the usual
-        ``lock_timeout``, where each cost a point read of its own (the same order:
-        task, then promise; a cycle with a request's batch ends at that timeout)."""
+        """A due task's promise is read next (:meth:`read_next`); a cycle with a
+        request's batch, which locks promise then task, ends at ``lock_timeout``."""
         params = {"now": now, "limit": limit}
         ids = self._due("tasks", params, CODEC.task, self.tasks)
-        promises = {id for id in ids if id not in self.promises}
-        if promises and not has_nul(promises):
-            self.prefetch({"promises": promises, "tasks": set(), "schedules": set()}, wait=False)
+        self.read_next(promises=ids)
         return ids
 
     def due_schedules(self, now: int, limit: int) -> list[str]:

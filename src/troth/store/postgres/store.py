@@ -197,9 +197,7 @@ class PostgresStore(Session, Store):
             try:
                 backend.prefetch(prelock)
                 settling = [k for i, job in enumerate(jobs) if i not in aside for k in job.settles]
-                follow = backend.awaiters(settling) if settling else None
-                if follow is not None:
-                    backend.prefetch(follow, wait=False)
+                backend.read_next(settling)
             except Exception as exc:
                 if self._transient(exc):
                     raise _Retry() from exc
