@@ -760,14 +760,15 @@ def test_a_batch_is_two_round_trips_its_begin_sent_with_the_last_commit(
     pg_url: str, store: PostgresStore, tmp_path: Path
 ) -> None:
     """The prefetch, then the writes with COMMIT and the next transaction's BEGIN: two
-    syncs.  Without the BEGIN ready, psycopg's own costs one more."""
+    syncs.  Without the BEGIN ready, it goes with the prefetch (wire.py) — where
+    psycopg's cursor sent it alone, a round trip of its own."""
 
     def job(id: str) -> Job[None]:
         return Job(
             lambda tx: tx.set_promise(promise(id)) if tx.get_promise(id) is None else None, 0, (id,)
         )
 
-    assert _syncs_of(store, [job("a"), job("b")], tmp_path) == (3, 2)  # first: BEGIN alone
+    assert _syncs_of(store, [job("a"), job("b")], tmp_path) == (2, 2)  # first: BEGIN sent along
     assert store.begun
     assert _syncs_of(store, [job("c"), job("d")], tmp_path) == (2, 1)  # the next BEGIN only
     with raw(pg_url) as c:
@@ -821,9 +822,9 @@ def test_a_batch_settling_awaited_children_reads_their_awaiters_in_one_round_tri
     reads = [_request_job(rq.PromiseGet(f"{p}.c")) for p in parents]
     assert _round_trips_and_answers(store, memory, reads, tmp_path) == 1
     settles = [_request_job(rq.PromiseSettle(f"{p}.c", "resolved")) for p in parents]
-    # A BEGIN of its own (the read-only batch ended with a plain COMMIT), its rows,
-    # their awaiters, the COMMIT.
-    assert _round_trips_and_answers(store, memory, settles, tmp_path) == 4
+    # Its rows with the BEGIN before them (the read-only batch ended with a plain
+    # COMMIT), their awaiters, the COMMIT.
+    assert _round_trips_and_answers(store, memory, settles, tmp_path) == 3
     again = [_request_job(rq.TaskGet(p)) for p in parents]
     answers = [o.value for o in store.execute(again)]
     assert answers == [o.value for o in memory.execute(again)]

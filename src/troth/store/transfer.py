@@ -39,12 +39,14 @@ from troth.outbox.rows import OutboxRow
 from troth.store.codec import OUTBOX_COLS, PROMISE_COLS, SELECT_ALL
 from troth.store.migrate import SchemaError, latest_version
 from troth.store.postgres.backend import _FLAGS_P, _FLAGS_T, CODEC, Q, _columns
-from troth.store.postgres.session import NUL, Conn, Cur, IntLoader
+from troth.store.postgres.session import NUL, Conn, IntLoader
 from troth.store.postgres.store import PostgresStore
 from troth.store.queries import load_queries
 from troth.store.sqlite.backup import BackupError, connect_existing, troth_version
 from troth.store.sqlite.migrate import SqliteSchema
 from troth.store.sqlite.store import CODEC as SQLITE
+
+Cur = psycopg.Cursor[tuple[Any, ...]]
 
 #: Rows per statement (and per comparison step): large enough that a statement's
 #: round trip is noise, small enough that a batch of big payloads stays in memory.

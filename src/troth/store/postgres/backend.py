@@ -341,28 +341,22 @@ class PostgresBackend(Backend):
         too.
         """
         self.flush()
-        conn = self.cur.connection
-        reads: dict[str, Cur] = {}
-        try:
-            # One cursor per result: in a pipeline, results are read after the sync.
-            # The tables' statistics lag behind fast growth (autovacuum analyses them
-            # later), and with stale ones the planner scans the whole table for an
-            # id list; these are primary-key lookups, so the index is always right.
-            with conn.pipeline():
-                if wait:
-                    self.cur.execute("SET LOCAL lock_timeout = 0")
-                self.cur.execute("SET LOCAL enable_seqscan = off")
-                for table in TABLES:
-                    if ids[table]:
-                        reads[table] = conn.cursor()
-                        reads[table].execute(_PRELOCK[table], (TextArray(sorted(ids[table])),))
-                self.cur.execute("SET LOCAL enable_seqscan = on")
-                if wait:
-                    self.cur.execute(f"SET LOCAL lock_timeout = {self.lock_timeout_ms}")
-            found = {table: c.fetchall() for table, c in reads.items()}
-        finally:
-            for c in reads.values():
-                c.close()
+        # The tables' statistics lag behind fast growth (autovacuum analyses them
+        # later), and with stale ones the planner scans the whole table for an id
+        # list; these are primary-key lookups, so the index is always right.
+        statements: list[tuple[str, Any]] = []
+        if wait:
+            statements.append(("SET LOCAL lock_timeout = 0", None))
+        statements.append(("SET LOCAL enable_seqscan = off", None))
+        reads = [table for table in TABLES if ids[table]]
+        for table in reads:
+            statements.append((_PRELOCK[table], (TextArray(sorted(ids[table])),)))
+        statements.append(("SET LOCAL enable_seqscan = on", None))
+        if wait:
+            statements.append((f"SET LOCAL lock_timeout = {self.lock_timeout_ms}", None))
+        results = self.cur.run(statements)
+        first = 2 if wait else 1
+        found = {table: results[first + i] or [] for i, table in enumerate(reads)}
         for table in TABLES:
             self.touched[table] |= ids[table]
         promises = {r[0]: CODEC.promise(r) for r in found.get("promises", ())}
@@ -416,16 +410,17 @@ class PostgresBackend(Backend):
         if not ids or has_nul(ids):
             return
         wanted = TextArray(sorted(ids))
-        conn = self.cur.connection
-        with conn.cursor() as promises, conn.cursor() as tasks:
-            # As in prefetch: a primary-key lookup even while statistics lag.
-            with conn.pipeline():
-                self.cur.execute("SET LOCAL enable_seqscan = off")
-                promises.execute(Q["preread_promises"], (wanted,))
-                tasks.execute(Q["preread_tasks"], (wanted,))
-                self.cur.execute("SET LOCAL enable_seqscan = on")
-            found_p = {r[0]: CODEC.promise(r) for r in promises.fetchall()}
-            found_t = {r[0]: CODEC.task(r) for r in tasks.fetchall()}
+        # As in prefetch: a primary-key lookup even while statistics lag.
+        _, promises, tasks, _ = self.cur.run(
+            [
+                ("SET LOCAL enable_seqscan = off", None),
+                (Q["preread_promises"], (wanted,)),
+                (Q["preread_tasks"], (wanted,)),
+                ("SET LOCAL enable_seqscan = on", None),
+            ]
+        )
+        found_p = {r[0]: CODEC.promise(r) for r in promises or ()}
+        found_t = {r[0]: CODEC.task(r) for r in tasks or ()}
         for id in wanted:
             self.promises[id] = found_p.get(id)
             self.tasks[id] = found_t.get(id)

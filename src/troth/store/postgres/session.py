@@ -7,9 +7,7 @@ transaction is re-run (and when it is not) is in ``docs/architecture.md``
 
 from __future__ import annotations
 
-import contextlib
 import random
-import struct
 import threading
 import time
 from collections.abc import Callable, Collection, Sequence
@@ -22,11 +20,13 @@ from psycopg.pq import Format, TransactionStatus
 from psycopg.types.numeric import IntLoader as NumericInts
 
 from troth.store.base import StoreUnavailable
+from troth.store.postgres.wire import BEGIN, WireCursor, text_array
 
 T = TypeVar("T")
 
 Conn = psycopg.Connection[tuple[Any, ...]]
-Cur = psycopg.Cursor[tuple[Any, ...]]
+#: A session's cursor: statements through libpq's pipeline calls (``wire.py``).
+Cur = WireCursor
 
 #: Attempts of one batch (or one outbox transaction) before it fails.
 MAX_ATTEMPTS: Final = 10
@@ -92,10 +92,6 @@ IntLoader: Final = NumericInts
 #: PostgreSQL's type oids of ``text`` and ``text[]``.
 TEXT_OID: Final = 25
 TEXT_ARRAY_OID: Final = 1009
-_ARRAY_HEAD: Final = struct.Struct("!iiIii").pack  # ndim, has nulls, item oid, size, lbound
-_EMPTY_ARRAY: Final = struct.pack("!iiI", 0, 0, TEXT_OID)
-_ITEM_LEN: Final = struct.Struct("!i").pack
-_NULL_ITEM: Final = _ITEM_LEN(-1)
 
 
 class TextArray(list[Any]):
@@ -107,40 +103,19 @@ class TextArray(list[Any]):
 
 
 class TextArrayDumper(Dumper):
-    """Dumps a :class:`TextArray` in PostgreSQL's binary array format."""
+    """Dumps a :class:`TextArray` in PostgreSQL's binary array format (for a
+    statement sent through psycopg; the wire encodes it itself)."""
 
     format = Format.BINARY
     oid = TEXT_ARRAY_OID
 
     def dump(self, obj: Any) -> bytes:
-        if not obj:
-            return _EMPTY_ARRAY
-        parts: list[bytes] = [b""]
-        nulls = 0
-        for item in obj:
-            if item is None:
-                parts.append(_NULL_ITEM)
-                nulls = 1
-                continue
-            if item.__class__ is str:
-                data = item.encode()
-            elif item.__class__ is int:
-                data = str(item).encode()
-            else:  # a bool is an int: it must not pass as 0 or 1, nor as "True"
-                raise TypeError(f"a text[] item must be str, int or None, not {item!r}")
-            parts += (_ITEM_LEN(len(data)), data)
-        parts[0] = _ARRAY_HEAD(1, nulls, TEXT_OID, len(obj), 1)
-        return b"".join(parts)
+        return text_array(obj)
 
 
 # Every connection, the store's and any other (``store/transfer.py``), dumps a
 # TextArray with it: the type is troth's own, so nothing else is affected.
 psycopg.adapters.register_dumper(TextArray, TextArrayDumper)
-
-
-#: What starts a transaction of a :class:`Session` (its isolation level, as psycopg's
-#: own BEGIN says it).
-BEGIN: Final = "BEGIN ISOLATION LEVEL READ COMMITTED"
 
 
 def pipelined(
@@ -155,43 +130,21 @@ def pipelined(
     ``commit`` the COMMIT, and with ``begin`` the next transaction's BEGIN; raise the
     first error, as is.
 
-    The COMMIT and the BEGIN go as statements in the pipeline, so that the
-    pipeline's one closing sync is the one round trip: ``conn.commit()`` syncs and
-    waits there, and the closing sync then waits again; psycopg's own BEGIN before
-    a transaction's first statement in a pipeline is a round trip of its own too
-    (``Session.begun``: docs/architecture.md, "Two round trips per batch").
-
-    psycopg may report a failed statement while later ones are still being queued;
-    raised inside the ``pipeline()`` block, that makes its exit log a warning
-    (``error ignored terminating``) on a path that is routine here (a conflict that
-    re-runs the batch).  So the error is held until the pipeline is closed.  After a
-    failed statement PostgreSQL skips the rest of the pipeline, COMMIT included: the
-    transaction is then left aborted (``INERROR``), which tells it from a COMMIT
+    The COMMIT and the BEGIN go as statements in the pipeline, so that its one sync
+    is the one round trip (docs/architecture.md, "Two round trips per batch").  After
+    a failed statement PostgreSQL skips the rest of the pipeline, COMMIT included:
+    the transaction is then left aborted (``INERROR``), which tells it from a COMMIT
     that failed itself (the transaction is over).
     """
-    first: psycopg.Error | None = None
-    conn = cur.connection
-    # A cursor of its own for ``fetch`` (in a pipeline, results are read after the
-    # sync), opened only when there is one: plain flushes are on every batch's path.
-    with conn.cursor() if fetch is not None else contextlib.nullcontext() as results:
-        try:
-            with conn.pipeline():
-                try:
-                    for sql, params in statements:
-                        cur.execute(sql, params)
-                    if results is not None and fetch is not None:
-                        results.execute(*fetch)
-                    if commit:
-                        cur.execute("COMMIT")
-                        if begin:
-                            cur.execute(BEGIN)
-                except psycopg.Error as exc:
-                    first = exc
-        except psycopg.Error as exc:
-            first = first or exc
-        if first is not None:
-            raise first
-        return None if results is None else results.fetchall()
+    sent = list(statements)
+    if fetch is not None:
+        sent.append(fetch)
+    if commit:
+        sent.append(("COMMIT", None))
+        if begin:
+            sent.append((BEGIN, None))
+    results = cur.run(sent)
+    return None if fetch is None else results[len(statements)] or []
 
 
 class Session:
@@ -221,7 +174,7 @@ class Session:
         #: :func:`pipelined`): as fresh as a new one, so :meth:`_fresh` keeps it.
         self.begun = False
         self.conn = self._connect()
-        self.cur: Cur = self.conn.cursor()
+        self.cur: Cur = WireCursor(self.conn)
 
     def _connect(self) -> Conn:
         params = conninfo_to_dict(self.url)
@@ -259,7 +212,7 @@ class Session:
         except psycopg.Error:
             pass
         self.conn = self._connect()
-        self.cur = self.conn.cursor()
+        self.cur = WireCursor(self.conn)
 
     def rollback(self) -> None:
         """Best effort: never raises, so the error that caused it is what callers see."""

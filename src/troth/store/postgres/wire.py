@@ -1,0 +1,514 @@
+"""Statements sent with libpq's own pipeline calls, under psycopg's cursor layer.
+
+Why: psycopg's cursor and pipeline machinery cost the writer thread far more than
+the statements themselves.  A prefetch-like pipeline (``BEGIN``, two ``SET LOCAL``,
+a locked read of 20 ids, two ``SET LOCAL``, ``COMMIT``) takes ~255 µs of the
+calling thread's CPU through cursors in a ``conn.pipeline()`` block, and ~52 µs
+sent here (docs/benchmarks.md, "Statements under psycopg's cursor layer").  A
+node is bound by the CPU of its one process (event loop and writer under one
+GIL), so what the writer saves, the node can spend on requests.
+
+What it keeps from psycopg: the connection (connect, reconnect, ``commit``,
+``rollback``, transaction status — all read live from libpq), its error classes
+(a failed statement raises what psycopg would: ``sqlstate`` and all), and its
+compiled row loaders (numeric columns as ``int``, :data:`session.IntLoader`).
+
+What it does itself:
+
+- Each statement with parameters is prepared once per connection under a name of
+  its own and then executed by name; psycopg's own preparing is switched off on the
+  connection (``prepare_threshold = None``), since psycopg answers a ``ROLLBACK``
+  on a connection where it prepared statements with ``DEALLOCATE ALL``, which would
+  drop these too.  A name counts as prepared only once its Parse succeeded.
+- Parameters are sent as psycopg's placeholders (``%s``, ``%b``, ``%(name)s``)
+  say, converted once per statement text to ``$n``.  Values: ``str``, ``int``,
+  ``bool``, None, ``bytes`` and lists of ``str`` / None (``text[]``, binary) or of
+  ``bool`` (``bool[]``).  Anything else is :class:`Unencodable`: the caller sends
+  that statement through psycopg instead.
+- Statements of one call go in one pipeline with one sync (one round trip); the
+  first error is raised after the sync, as a psycopg error.  When the connection
+  is not in a transaction and not in autocommit, a ``BEGIN`` goes first, as
+  psycopg's cursor would send it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import select
+import struct
+from collections.abc import Sequence
+from functools import cache
+from typing import Any, Final
+
+import psycopg
+from psycopg import pq
+from psycopg.adapt import Transformer
+from psycopg.errors import error_from_result
+
+#: The statement that starts a transaction (psycopg's own, for READ COMMITTED).
+BEGIN: Final = "BEGIN ISOLATION LEVEL READ COMMITTED"
+
+#: Type oids sent with parameters (0: let PostgreSQL infer it from the statement).
+_UNKNOWN: Final = 0
+_BOOL: Final = 16
+_BYTEA: Final = 17
+_INT8: Final = 20
+_TEXT: Final = 25
+_NUMERIC: Final = 1700
+_BOOL_ARRAY: Final = 1000
+_TEXT_ARRAY: Final = 1009
+_INT8_MIN: Final = -(2**63)
+_INT8_MAX: Final = 2**63 - 1
+
+#: Prepared statements per connection; statement texts beyond it are sent unnamed.
+MAX_PREPARED: Final = 256
+
+_ARRAY_HEAD: Final = struct.Struct("!iiIii").pack  # ndim, has nulls, item oid, size, lbound
+_ITEM_LEN: Final = struct.Struct("!i").pack
+_NULL_ITEM: Final = _ITEM_LEN(-1)
+_TRUE_ITEM: Final = _ITEM_LEN(1) + b"\x01"
+_FALSE_ITEM: Final = _ITEM_LEN(1) + b"\x00"
+
+_PLACEHOLDER: Final = re.compile(r"%(?:\((\w+)\))?([bst%])")
+
+_OK: Final = pq.ExecStatus.COMMAND_OK
+_TUPLES: Final = pq.ExecStatus.TUPLES_OK
+_FATAL: Final = pq.ExecStatus.FATAL_ERROR
+_SYNC: Final = pq.ExecStatus.PIPELINE_SYNC
+_IDLE: Final = pq.TransactionStatus.IDLE
+_PIPELINE_OFF: Final = pq.PipelineStatus.OFF
+
+Rows = list[tuple[Any, ...]]
+#: A prepared statement's key: its text and its parameters' type oids.
+Key = tuple[str, tuple[int, ...]]
+#: What a pipeline's result answers: a statement's index, the Parse of a key
+#: (under a name), or None (the BEGIN sent first).
+Slot = int | tuple[Key, bytes] | None
+
+
+class _LibPq:
+    """The libpq calls the wire makes that psycopg's binary wrapper makes with the
+    GIL released (``send_*``, ``is_busy``), made with it held: they never block (the
+    connection is non-blocking) and take microseconds, while taking the GIL back
+    after each waits behind the event loop's thread for up to the switch interval
+    (``server/run.py``) — measured, dozens of such waits per batch."""
+
+    def __init__(self, path: str) -> None:
+        lib = ctypes.PyDLL(path)  # PyDLL: calls keep the GIL
+        p, i, c = ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p
+        ints, oids, texts = ctypes.POINTER(i), ctypes.POINTER(ctypes.c_uint), ctypes.POINTER(c)
+        self.send_params = lib.PQsendQueryParams
+        self.send_params.argtypes = [p, c, i, oids, texts, ints, ints, i]
+        self.send_prepare = lib.PQsendPrepare
+        self.send_prepare.argtypes = [p, c, c, i, oids]
+        self.send_prepared = lib.PQsendQueryPrepared
+        self.send_prepared.argtypes = [p, c, i, texts, ints, ints, i]
+        self.is_busy = lib.PQisBusy
+        self.is_busy.argtypes = [p]
+        for f in (self.send_params, self.send_prepare, self.send_prepared, self.is_busy):
+            f.restype = i
+
+
+@cache
+def _libpq() -> _LibPq | None:
+    """The libpq psycopg loaded (its connections' pointers are that library's), or
+    None when it cannot be found in this process's maps (then psycopg's own calls
+    are made)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.rsplit(None, 1)[-1]
+                if path.rsplit("/", 1)[-1].startswith("libpq"):
+                    return _LibPq(path)
+    except (OSError, AttributeError):
+        pass
+    return None
+
+
+class Unencodable(TypeError):
+    """A parameter this module does not send (the caller uses psycopg for it)."""
+
+
+def text_array(items: Sequence[Any]) -> bytes:
+    """``text[]`` in PostgreSQL's binary format: items ``str``, ``int`` (as decimal
+    text, for statements that cast the array to NUMERIC) or None."""
+    if not items:
+        return struct.pack("!iiI", 0, 0, _TEXT)
+    parts: list[bytes] = [b""]
+    nulls = 0
+    for item in items:
+        if item is None:
+            parts.append(_NULL_ITEM)
+            nulls = 1
+            continue
+        if item.__class__ is str:
+            data = item.encode()
+        elif item.__class__ is int:
+            data = str(item).encode()
+        else:  # a bool is an int: it must not pass as 0 or 1, nor as "True"
+            raise Unencodable(f"a text[] item must be str, int or None, not {item!r}")
+        parts += (_ITEM_LEN(len(data)), data)
+    parts[0] = _ARRAY_HEAD(1, nulls, _TEXT, len(items), 1)
+    return b"".join(parts)
+
+
+def _bool_array(items: Sequence[Any]) -> bytes:
+    parts = [_ARRAY_HEAD(1, int(None in items), _BOOL, len(items), 1)]
+    for item in items:
+        if item is None:
+            parts.append(_NULL_ITEM)
+        elif item is True or item is False:
+            parts.append(_TRUE_ITEM if item else _FALSE_ITEM)
+        else:
+            raise Unencodable(f"a bool[] item must be bool or None, not {item!r}")
+    return b"".join(parts)
+
+
+def encode(value: Any, kind: str) -> tuple[bytes | None, int, int]:
+    """One parameter as (data, type oid, format: 0 text, 1 binary); ``kind`` is its
+    placeholder's letter (``b`` asks for a typed ``text``, as psycopg's binary str)."""
+    if value is None:
+        return None, _UNKNOWN, 0
+    cls = value.__class__
+    if cls is str:
+        return value.encode(), _TEXT if kind == "b" else _UNKNOWN, 0
+    if cls is bool:
+        return (b"t" if value else b"f"), _BOOL, 0
+    if cls is int:
+        oid = _INT8 if _INT8_MIN <= value <= _INT8_MAX else _NUMERIC
+        return str(value).encode(), oid, 0
+    if cls is bytes:
+        return value, _BYTEA, 1
+    if isinstance(value, list):
+        if (
+            cls is list  # a TextArray (a list subclass) is text[] whatever it holds
+            and all(v is None or v.__class__ is bool for v in value)
+            and any(v is not None for v in value)
+        ):
+            return _bool_array(value), _BOOL_ARRAY, 1
+        return text_array(value), _TEXT_ARRAY, 1
+    raise Unencodable(f"no wire encoding for {cls.__name__}")
+
+
+class _Parsed:
+    """A statement text with psycopg's placeholders, converted once."""
+
+    __slots__ = ("kinds", "names", "query")
+
+    def __init__(self, sql: str) -> None:
+        names: list[int | str] = []
+        kinds: list[str] = []
+        index: dict[str, int] = {}
+        position = 0
+
+        def swap(m: re.Match[str]) -> str:
+            nonlocal position
+            name, kind = m.group(1), m.group(2)
+            if kind == "%":
+                return "%"
+            if name is None:
+                names.append(position)
+                kinds.append(kind)
+                position += 1
+                return f"${len(names)}"
+            if name not in index:
+                names.append(name)
+                kinds.append(kind)
+                index[name] = len(names)
+            return f"${index[name]}"
+
+        self.query = _PLACEHOLDER.sub(swap, sql).encode()
+        if position and index:
+            raise ValueError("a statement mixes positional and named placeholders")
+        self.names: tuple[int | str, ...] = tuple(names)
+        self.kinds: tuple[str, ...] = tuple(kinds)
+
+
+class Wire:
+    """A psycopg connection's statements sent through libpq's pipeline calls.
+
+    Used by one thread at a time (the :class:`~troth.store.postgres.session.Session`
+    lock), never while psycopg itself is in a pipeline on the connection.
+    """
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.conn = conn
+        self.pg = conn.pgconn
+        conn.prepare_threshold = None  # ours only (see the module's docstring)
+        self.encoding = conn.info.encoding
+        self.loader = Transformer(conn)
+        self.parsed: dict[str, _Parsed] = {}
+        #: (statement text, parameter oids) -> its prepared statement's name.
+        self.prepared: dict[Key, bytes] = {}
+        self.counter = 0
+        #: Rows each statement of the last :meth:`run` returned or changed (-1: none
+        #: reported), as psycopg's ``rowcount``.
+        self.counts: list[int] = []
+
+    def _encode(
+        self, sql: str, params: Any
+    ) -> tuple[_Parsed, list[bytes | None], tuple[int, ...], list[int]]:
+        parsed = self.parsed.get(sql)
+        if parsed is None:
+            parsed = self.parsed[sql] = _Parsed(sql)
+        values: list[bytes | None] = []
+        oids: list[int] = []
+        formats: list[int] = []
+        if parsed.names:
+            if params is None:
+                raise Unencodable("a statement with placeholders needs parameters")
+            for name, kind in zip(parsed.names, parsed.kinds, strict=True):
+                data, oid, fmt = encode(params[name], kind)
+                values.append(data)
+                oids.append(oid)
+                formats.append(fmt)
+        elif params:
+            raise Unencodable("parameters for a statement without placeholders")
+        return parsed, values, tuple(oids), formats
+
+    def run(self, statements: Sequence[tuple[str, Any]]) -> list[Rows | None]:
+        """Execute ``statements`` (text, parameters) in one round trip; the rows of
+        each (None for a statement that returns none).  Raises :class:`Unencodable`
+        before sending anything, else the first failed statement's error."""
+        encoded = [(sql, *self._encode(sql, params)) for sql, params in statements]
+        pg = self.pg
+        if pg.pipeline_status != _PIPELINE_OFF:
+            raise psycopg.ProgrammingError("the connection is already in a pipeline")
+        begin = not self.conn.autocommit and pg.transaction_status == _IDLE
+        pg.enter_pipeline_mode()
+        slots: list[Slot] = []
+        try:
+            send = self._sender()
+            if begin:
+                send.params(BEGIN.encode(), [], (), [])
+                slots.append(None)
+            parsing: dict[Key, bytes] = {}
+            for i, (sql, parsed, values, oids, formats) in enumerate(encoded):
+                key = (sql, oids)
+                name = self.prepared.get(key) or parsing.get(key)
+                if name is None and parsed.names and len(self.prepared) < MAX_PREPARED:
+                    self.counter += 1
+                    name = parsing[key] = b"troth_%d" % self.counter
+                    send.prepare(name, parsed.query, oids)
+                    slots.append((key, name))
+                if name is None:  # no parameters (nothing to plan once), or too many
+                    send.params(parsed.query, values, oids, formats)
+                else:
+                    send.prepared(name, values, formats)
+                slots.append(i)
+            pg.pipeline_sync()
+            self._send()
+            out, error = self._receive(slots, len(encoded))
+            pg.exit_pipeline_mode()
+        except BaseException:
+            self._abandon()
+            raise
+        if error is not None:
+            raise error
+        return out
+
+    def _send(self) -> None:
+        """Flush libpq's output, reading input meanwhile (the server may answer
+        before it has read everything)."""
+        pg = self.pg
+        while pg.flush():
+            readable, _, _ = select.select([pg.socket], [pg.socket], [])
+            if readable:
+                pg.consume_input()
+
+    def _sender(self) -> _Sender:
+        lib = _libpq()
+        return _Sender(self.pg) if lib is None else _HeldSender(self.pg, lib)
+
+    def _next(self) -> pq.abc.PGresult | None:
+        pg = self.pg
+        lib = _libpq()
+        ptr = getattr(pg, "pgconn_ptr", None)
+        busy = pg.is_busy if lib is None or ptr is None else lambda: lib.is_busy(ptr)
+        while busy():
+            select.select([pg.socket], [], [])
+            pg.consume_input()
+        return pg.get_result()
+
+    def _receive(
+        self,
+        slots: list[Slot],
+        count: int,
+    ) -> tuple[list[Rows | None], psycopg.Error | None]:
+        out: list[Rows | None] = [None] * count
+        counts = self.counts = [-1] * count
+        error: psycopg.Error | None = None
+        loader = self.loader
+        for slot in slots:
+            res = self._next()
+            while res is not None:
+                status = res.status
+                if status == _TUPLES and isinstance(slot, int):
+                    loader.set_pgresult(res)
+                    out[slot] = loader.load_rows(0, res.ntuples, tuple)
+                    counts[slot] = res.ntuples
+                elif status == _OK and isinstance(slot, int):
+                    tuples = res.command_tuples
+                    counts[slot] = -1 if tuples is None else tuples
+                elif status == _OK and isinstance(slot, tuple):
+                    self.prepared[slot[0]] = slot[1]
+                elif status == _FATAL and error is None:
+                    error = error_from_result(res, encoding=self.encoding)
+                res = self._next()
+        res = self._next()
+        if res is None or res.status != _SYNC:
+            raise psycopg.InterfaceError("pipeline out of step: no sync where one was due")
+        return out, error
+
+    def _abandon(self) -> None:
+        """After a failure mid-pipeline (a lost connection, or a bug): leave the
+        connection usable, or close it so its session reconnects (nothing of an
+        unfinished transaction was acknowledged)."""
+        if self.conn.closed:
+            return
+        try:
+            if self.pg.pipeline_status != _PIPELINE_OFF:
+                self.pg.exit_pipeline_mode()
+        except psycopg.Error:
+            self.conn.close()
+
+
+class _Sender:
+    """Sends a pipeline's statements with psycopg's wrapper of libpq."""
+
+    def __init__(self, pg: pq.abc.PGconn) -> None:
+        self.pg = pg
+
+    def params(
+        self, query: bytes, values: list[bytes | None], oids: tuple[int, ...], formats: list[int]
+    ) -> None:
+        self.pg.send_query_params(query, values or None, oids or None, formats or None)
+
+    def prepare(self, name: bytes, query: bytes, oids: tuple[int, ...]) -> None:
+        self.pg.send_prepare(name, query, oids)
+
+    def prepared(self, name: bytes, values: list[bytes | None], formats: list[int]) -> None:
+        self.pg.send_query_prepared(name, values, formats)
+
+
+class _HeldSender(_Sender):
+    """Sends them with libpq's functions called holding the GIL (:class:`_LibPq`)."""
+
+    def __init__(self, pg: pq.abc.PGconn, lib: _LibPq) -> None:
+        super().__init__(pg)
+        self.lib = lib
+        ptr: int | None = getattr(pg, "pgconn_ptr", None)
+        if ptr is None:
+            raise psycopg.OperationalError("the connection is closed")
+        self.ptr = ptr
+
+    def _check(self, ok: int) -> None:
+        if not ok:
+            message = self.pg.error_message.decode(errors="replace").strip()
+            raise psycopg.OperationalError(f"sending a statement failed: {message}")
+
+    @staticmethod
+    def _arrays(values: list[bytes | None], formats: list[int]) -> tuple[Any, Any, Any]:
+        n = len(values)
+        if not n:
+            return None, None, None
+        return (
+            (ctypes.c_char_p * n)(*values),
+            (ctypes.c_int * n)(*[0 if v is None else len(v) for v in values]),
+            (ctypes.c_int * n)(*formats),
+        )
+
+    def params(
+        self, query: bytes, values: list[bytes | None], oids: tuple[int, ...], formats: list[int]
+    ) -> None:
+        vals, lens, fmts = self._arrays(values, formats)
+        types = (ctypes.c_uint * len(oids))(*oids) if oids else None
+        self._check(self.lib.send_params(self.ptr, query, len(values), types, vals, lens, fmts, 0))
+
+    def prepare(self, name: bytes, query: bytes, oids: tuple[int, ...]) -> None:
+        types = (ctypes.c_uint * len(oids))(*oids) if oids else None
+        self._check(self.lib.send_prepare(self.ptr, name, query, len(oids), types))
+
+    def prepared(self, name: bytes, values: list[bytes | None], formats: list[int]) -> None:
+        vals, lens, fmts = self._arrays(values, formats)
+        self._check(self.lib.send_prepared(self.ptr, name, len(values), vals, lens, fmts, 0))
+
+
+class WireCursor:
+    """The cursor a :class:`~troth.store.postgres.session.Session` hands out: its
+    ``execute`` goes through the connection's :class:`Wire` (one round trip, the
+    statement prepared once), and through psycopg for what the wire does not send."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.connection = conn
+        self.wire = Wire(conn)
+        self.cur = conn.cursor()
+        self._rows: Rows | None = None
+        self._at = 0
+        self.rowcount = -1
+
+    def execute(self, sql: str, params: Any = None, *, prepare: bool | None = None) -> WireCursor:
+        self._rows, self._at = None, 0
+        if prepare is not False:
+            try:
+                self._rows = self.wire.run([(sql, params)])[0] or []
+                self.rowcount = self.wire.counts[0]
+                return self
+            except Unencodable:
+                pass
+        self.cur.execute(sql, params, prepare=prepare)
+        self.rowcount = self.cur.rowcount
+        self._rows = self.cur.fetchall() if self.cur.pgresult and self.cur.description else []
+        return self
+
+    def run(self, statements: Sequence[tuple[str, Any]]) -> list[Rows | None]:
+        """Several statements in one round trip (:meth:`Wire.run`), through psycopg's
+        pipeline when one of them has a parameter the wire does not send."""
+        try:
+            return self.wire.run(statements)
+        except Unencodable:
+            return self._psycopg_pipeline(statements)
+
+    def _psycopg_pipeline(self, statements: Sequence[tuple[str, Any]]) -> list[Rows | None]:
+        conn = self.connection
+        cursors = [conn.cursor() for _ in statements]
+        first: psycopg.Error | None = None
+        try:
+            try:
+                with conn.pipeline():
+                    try:
+                        for c, (sql, params) in zip(cursors, statements, strict=True):
+                            c.execute(sql, params)
+                    except psycopg.Error as exc:
+                        first = exc
+            except psycopg.Error as exc:
+                first = first or exc
+            if first is not None:
+                raise first
+            return [c.fetchall() if c.description else None for c in cursors]
+        finally:
+            for c in cursors:
+                c.close()
+
+    def fetchall(self) -> Rows:
+        rows = self._rows or []
+        out = rows[self._at :]
+        self._at = len(rows)
+        return out
+
+    def fetchone(self) -> tuple[Any, ...] | None:
+        rows = self._rows or []
+        if self._at >= len(rows):
+            return None
+        self._at += 1
+        return rows[self._at - 1]
+
+    def __iter__(self) -> Any:
+        return iter(self.fetchall())
+
+    def executemany(self, sql: str, params_seq: Sequence[Any]) -> None:
+        self.cur.executemany(sql, params_seq)
+
+    def close(self) -> None:
+        self.cur.close()
