@@ -20,7 +20,7 @@ from psycopg.pq import Format, TransactionStatus
 from psycopg.types.numeric import IntLoader as NumericInts
 
 from troth.store.base import StoreUnavailable
-from troth.store.postgres.wire import BEGIN, WireCursor, text_array
+from troth.store.postgres.wire import BEGIN, TEXT_ARRAY_OID, WireCursor, text_array
 
 T = TypeVar("T")
 
@@ -89,11 +89,6 @@ class Unstorable(ValueError):
 IntLoader: Final = NumericInts
 
 
-#: PostgreSQL's type oids of ``text`` and ``text[]``.
-TEXT_OID: Final = 25
-TEXT_ARRAY_OID: Final = 1009
-
-
 class TextArray(list[Any]):
     """A column of a batch's rows sent as one binary ``text[]`` parameter: items are
     ``str``, ``int`` (sent as decimal text, which the statement casts to NUMERIC) or
@@ -107,7 +102,7 @@ class TextArrayDumper(Dumper):
     statement sent through psycopg; the wire encodes it itself)."""
 
     format = Format.BINARY
-    oid = TEXT_ARRAY_OID
+    oid = TEXT_ARRAY_OID  # text[]
 
     def dump(self, obj: Any) -> bytes:
         return text_array(obj)

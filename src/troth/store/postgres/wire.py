@@ -58,7 +58,7 @@ _INT8: Final = 20
 _TEXT: Final = 25
 _NUMERIC: Final = 1700
 _BOOL_ARRAY: Final = 1000
-_TEXT_ARRAY: Final = 1009
+TEXT_ARRAY_OID: Final = 1009
 _INT8_MIN: Final = -(2**63)
 _INT8_MAX: Final = 2**63 - 1
 
@@ -207,7 +207,7 @@ def encode(value: Any, kind: str) -> tuple[bytes | None, int, int]:
             and any(v is not None for v in value)
         ):
             return _bool_array(value), _BOOL_ARRAY, 1
-        return text_array(value), _TEXT_ARRAY, 1
+        return text_array(value), TEXT_ARRAY_OID, 1
     raise Unencodable(f"no wire encoding for {cls.__name__}")
 
 
