@@ -72,7 +72,7 @@ def test_values_are_encoded_with_their_types() -> None:
         encode(TextArray([True]), "b")
 
 
-def test_rows_come_back_typed_and_statements_are_prepared_once(
+def test_rows_come_back_typed_and_statements_are_prepared_on_their_second_use(
     conn: psycopg.Connection[Any],
 ) -> None:
     w = Wire(conn)
@@ -80,6 +80,8 @@ def test_rows_come_back_typed_and_statements_are_prepared_once(
     [rows] = w.run([(sql, (TextArray(["a", "b"]),))])
     assert rows == [("a", 1, True, None), ("b", 20000000000, False, "x")]
     assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS  # BEGIN sent
+    assert not w.prepared  # sent once: not prepared (it may never come again)
+    assert w.run([(sql, (TextArray(["a"]),))]) == [[("a", 1, True, None)]]
     names = set(w.prepared.values())
     assert len(names) == 1
     [again] = w.run([(sql, (TextArray(["b"]),))])
@@ -112,6 +114,8 @@ def test_the_first_error_is_raised_and_the_rest_skipped(conn: psycopg.Connection
     for prepared: the statement works on the next attempt."""
     w = Wire(conn)
     later = "UPDATE wire_t SET note = %s WHERE id = %s"
+    w.run([(later, ("first", "b"))])  # one use: the next one prepares it
+    conn.commit()
     with pytest.raises(psycopg.errors.UniqueViolation) as caught:
         w.run(
             [

@@ -15,8 +15,8 @@ compiled row loaders (numeric columns as ``int``, :data:`session.IntLoader`).
 
 What it does itself:
 
-- Each statement with parameters is prepared once per connection under a name of
-  its own and then executed by name; psycopg's own preparing is switched off on the
+- Each statement with parameters is prepared on its second use on a connection,
+  under a name of its own, and then executed by name; psycopg's own preparing is switched off on the
   connection (``prepare_threshold = None``), since psycopg answers a ``ROLLBACK``
   on a connection where it prepared statements with ``DEALLOCATE ALL``, which would
   drop these too.  A name counts as prepared only once its Parse succeeded.
@@ -64,6 +64,9 @@ _INT8_MAX: Final = 2**63 - 1
 
 #: Prepared statements per connection; statement texts beyond it are sent unnamed.
 MAX_PREPARED: Final = 256
+#: Uses of a statement (text and parameter types) before it is prepared: a statement
+#: sent once (retention's ``IN (…)`` of an odd length, say) does not take a place.
+PREPARE_AFTER: Final = 1
 
 _ARRAY_HEAD: Final = struct.Struct("!iiIii").pack  # ndim, has nulls, item oid, size, lbound
 _ITEM_LEN: Final = struct.Struct("!i").pack
@@ -262,6 +265,8 @@ class Wire:
         #: (statement text, parameter oids) -> its prepared statement's name.
         self.prepared: dict[Key, bytes] = {}
         self.counter = 0
+        #: Uses of statements not prepared yet (cleared as each is prepared).
+        self.uses: dict[Key, int] = {}
         #: Rows each statement of the last :meth:`run` returned or changed (-1: none
         #: reported), as psycopg's ``rowcount``.
         self.counts: list[int] = []
@@ -307,7 +312,12 @@ class Wire:
             for i, (sql, parsed, values, oids, formats) in enumerate(encoded):
                 key = (sql, oids)
                 name = self.prepared.get(key) or parsing.get(key)
-                if name is None and parsed.names and len(self.prepared) < MAX_PREPARED:
+                if (
+                    name is None
+                    and parsed.names
+                    and len(self.prepared) < MAX_PREPARED
+                    and self._used(key)
+                ):
                     self.counter += 1
                     name = parsing[key] = b"troth_%d" % self.counter
                     send.prepare(name, parsed.query, oids)
@@ -327,6 +337,18 @@ class Wire:
         if error is not None:
             raise error
         return out
+
+    def _used(self, key: Key) -> bool:
+        """Count a use of a statement not prepared; whether it has been used often
+        enough to be prepared now (:data:`PREPARE_AFTER`)."""
+        uses = self.uses.get(key, 0)
+        if uses >= PREPARE_AFTER:
+            self.uses.pop(key, None)
+            return True
+        if len(self.uses) >= 4 * MAX_PREPARED:
+            self.uses.clear()  # statements sent once each, without end: forget them
+        self.uses[key] = uses + 1
+        return False
 
     def _send(self) -> None:
         """Flush libpq's output, reading input meanwhile (the server may answer
