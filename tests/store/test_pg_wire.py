@@ -6,6 +6,8 @@ Against a real PostgreSQL (tests/helpers/pg.py): these tests fail, not skip, wit
 
 from __future__ import annotations
 
+import os
+import resource
 from collections.abc import Iterator
 from typing import Any
 
@@ -154,3 +156,24 @@ def test_a_lost_connection_is_an_operational_error_and_leaves_it_closed(
     with pytest.raises(psycopg.OperationalError):
         w.run([("SELECT id FROM wire_t WHERE id = %s", ("a",))])
     assert conn.closed
+
+
+def test_a_connection_above_select_s_descriptor_limit_is_waited_on(pg_url: str) -> None:
+    """A node holding thousands of SSE sockets may reopen its PostgreSQL connection on
+    a descriptor above 1024, where ``select`` cannot wait: the wire waits with poll."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"RLIMIT_NOFILE hard limit {hard} < 1200: raise it (ulimit -Hn) to run this")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    filler = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        c = psycopg.connect(pg_url, autocommit=True)
+        try:
+            assert c.pgconn.socket > 1024
+            assert Wire(c).run([("SELECT %s::int + 1", (41,))]) == [[(42,)]]
+        finally:
+            c.close()
+    finally:
+        for fd in filler:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -267,6 +267,12 @@ class Wire:
         self.counter = 0
         #: Uses of statements not prepared yet (cleared as each is prepared).
         self.uses: dict[Key, int] = {}
+        # poll, not select: a node with thousands of SSE sockets may get a descriptor
+        # above select's 1024 for a connection it reopens.
+        self.readable = select.poll()
+        self.readable.register(conn.pgconn.socket, select.POLLIN)
+        self.either = select.poll()
+        self.either.register(conn.pgconn.socket, select.POLLIN | select.POLLOUT)
         #: Rows each statement of the last :meth:`run` returned or changed (-1: none
         #: reported), as psycopg's ``rowcount``.
         self.counts: list[int] = []
@@ -355,8 +361,7 @@ class Wire:
         before it has read everything)."""
         pg = self.pg
         while pg.flush():
-            readable, _, _ = select.select([pg.socket], [pg.socket], [])
-            if readable:
+            if any(events & select.POLLIN for _, events in self.either.poll()):
                 pg.consume_input()
 
     def _sender(self) -> _Sender:
@@ -369,7 +374,7 @@ class Wire:
         ptr = getattr(pg, "pgconn_ptr", None)
         busy = pg.is_busy if lib is None or ptr is None else lambda: lib.is_busy(ptr)
         while busy():
-            select.select([pg.socket], [], [])
+            self.readable.poll()
             pg.consume_input()
         return pg.get_result()
 
