@@ -134,19 +134,21 @@ def _layout_holds() -> bool:
 @cache
 def _libpq() -> _LibPq | None:
     """The libpq psycopg loaded (its connections' pointers are that library's), or
-    None when it cannot be found in this process's maps (then psycopg's own calls
-    are made)."""
+    None when it cannot be told for sure — not exactly one libpq in this process's
+    maps (calling one build's functions on another's connection would corrupt
+    memory) — and then psycopg's own calls are made."""
     if not _layout_holds():
         return None
     try:
         with open("/proc/self/maps") as maps:
-            for line in maps:
-                path = line.rsplit(None, 1)[-1]
-                if path.rsplit("/", 1)[-1].startswith("libpq"):
-                    return _LibPq(path)
+            paths = {
+                path
+                for line in maps
+                if (path := line.rsplit(None, 1)[-1]).rsplit("/", 1)[-1].startswith("libpq")
+            }
+        return _LibPq(paths.pop()) if len(paths) == 1 else None
     except (OSError, AttributeError):
-        pass
-    return None
+        return None
 
 
 class Unencodable(TypeError):
