@@ -367,15 +367,16 @@ class PostgresBackend(Backend):
         if wait:
             statements.append(("SET LOCAL lock_timeout = 0", None))
         statements.append(("SET LOCAL enable_seqscan = off", None))
-        reads = [table for table in TABLES if ids[table]]
-        for table in reads:
-            statements.append((_PRELOCK[table], (TextArray(sorted(ids[table])),)))
+        at: dict[str, int] = {}  # each locked read's place among the statements
+        for table in TABLES:
+            if ids[table]:
+                at[table] = len(statements)
+                statements.append((_PRELOCK[table], (TextArray(sorted(ids[table])),)))
         statements.append(("SET LOCAL enable_seqscan = on", None))
         if wait:
             statements.append((f"SET LOCAL lock_timeout = {self.lock_timeout_ms}", None))
         results = self.cur.run(statements)
-        first = 2 if wait else 1
-        found = {table: results[first + i] or [] for i, table in enumerate(reads)}
+        found = {table: results[i] or [] for table, i in at.items()}
         for table in TABLES:
             self.touched[table] |= ids[table]
         promises = {r[0]: CODEC.promise(r) for r in found.get("promises", ())}

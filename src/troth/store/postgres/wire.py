@@ -38,7 +38,7 @@ import re
 import select
 import struct
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import cache
 from typing import Any, Final
 
@@ -49,6 +49,7 @@ from psycopg.errors import error_from_result
 
 #: The statement that starts a transaction (psycopg's own, for READ COMMITTED).
 BEGIN: Final = "BEGIN ISOLATION LEVEL READ COMMITTED"
+_BEGIN: Final = BEGIN.encode()
 
 #: Type oids sent with parameters (0: let PostgreSQL infer it from the statement).
 _UNKNOWN: Final = 0
@@ -73,6 +74,7 @@ _ITEM_LEN: Final = struct.Struct("!i").pack
 _NULL_ITEM: Final = _ITEM_LEN(-1)
 _TRUE_ITEM: Final = _ITEM_LEN(1) + b"\x01"
 _FALSE_ITEM: Final = _ITEM_LEN(1) + b"\x00"
+_EMPTY_TEXT_ARRAY: Final = struct.pack("!iiI", 0, 0, _TEXT)  # ndim 0, no nulls, item oid
 
 _PLACEHOLDER: Final = re.compile(r"%(?:\((\w+)\))?([bst%])")
 
@@ -159,7 +161,7 @@ def text_array(items: Sequence[Any]) -> bytes:
     """``text[]`` in PostgreSQL's binary format: items ``str``, ``int`` (as decimal
     text, for statements that cast the array to NUMERIC) or None."""
     if not items:
-        return struct.pack("!iiI", 0, 0, _TEXT)
+        return _EMPTY_TEXT_ARRAY
     parts: list[bytes] = [b""]
     nulls = 0
     for item in items:
@@ -272,9 +274,9 @@ class Wire:
         # poll, not select: a node with thousands of SSE sockets may get a descriptor
         # above select's 1024 for a connection it reopens.
         self.readable = select.poll()
-        self.readable.register(conn.pgconn.socket, select.POLLIN)
+        self.readable.register(self.pg.socket, select.POLLIN)
         self.either = select.poll()
-        self.either.register(conn.pgconn.socket, select.POLLIN | select.POLLOUT)
+        self.either.register(self.pg.socket, select.POLLIN | select.POLLOUT)
         #: Rows each statement of the last :meth:`run` returned or changed (-1: none
         #: reported), as psycopg's ``rowcount``.
         self.counts: list[int] = []
@@ -314,7 +316,7 @@ class Wire:
         try:
             send = self._sender()
             if begin:
-                send.params(BEGIN.encode(), [], (), [])
+                send.params(_BEGIN, [], (), [])
                 slots.append(None)
             parsing: dict[Key, bytes] = {}
             for i, (sql, parsed, values, oids, formats) in enumerate(encoded):
@@ -337,7 +339,7 @@ class Wire:
                 slots.append(i)
             pg.pipeline_sync()
             self._send()
-            out, error = self._receive(slots, len(encoded))
+            out, error = self._receive(slots, len(encoded), send.busy)
             pg.exit_pipeline_mode()
         except BaseException:
             self._abandon()
@@ -370,11 +372,9 @@ class Wire:
         lib = _libpq()
         return _Sender(self.pg) if lib is None else _HeldSender(self.pg, lib)
 
-    def _next(self) -> pq.abc.PGresult | None:
+    def _next(self, busy: Callable[[], int]) -> pq.abc.PGresult | None:
+        """The next result, waiting for the socket while libpq is ``busy``."""
         pg = self.pg
-        lib = _libpq()
-        ptr = getattr(pg, "pgconn_ptr", None)
-        busy = pg.is_busy if lib is None or ptr is None else lambda: lib.is_busy(ptr)
         while busy():
             self.readable.poll()
             pg.consume_input()
@@ -384,13 +384,14 @@ class Wire:
         self,
         slots: list[Slot],
         count: int,
+        busy: Callable[[], int],
     ) -> tuple[list[Rows | None], psycopg.Error | None]:
         out: list[Rows | None] = [None] * count
         counts = self.counts = [-1] * count
         error: psycopg.Error | None = None
         loader = self.loader
         for slot in slots:
-            res = self._next()
+            res = self._next(busy)
             while res is not None:
                 status = res.status
                 if status == _TUPLES and isinstance(slot, int):
@@ -404,8 +405,8 @@ class Wire:
                     self.prepared[slot[0]] = slot[1]
                 elif status == _FATAL and error is None:
                     error = error_from_result(res, encoding=self.encoding)
-                res = self._next()
-        res = self._next()
+                res = self._next(busy)
+        res = self._next(busy)
         if res is None or res.status != _SYNC:
             raise psycopg.InterfaceError("pipeline out of step: no sync where one was due")
         return out, error
@@ -429,6 +430,10 @@ class _Sender:
     def __init__(self, pg: pq.abc.PGconn) -> None:
         self.pg = pg
 
+    def busy(self) -> int:
+        """Whether libpq waits for more input before it has a result (PQisBusy)."""
+        return self.pg.is_busy()
+
     def params(
         self, query: bytes, values: list[bytes | None], oids: tuple[int, ...], formats: list[int]
     ) -> None:
@@ -451,6 +456,9 @@ class _HeldSender(_Sender):
         if ptr is None:
             raise psycopg.OperationalError("the connection is closed")
         self.ptr = ptr
+
+    def busy(self) -> int:
+        return int(self.lib.is_busy(self.ptr))
 
     def _check(self, ok: int) -> None:
         if not ok:
