@@ -583,8 +583,12 @@ class App:
                     gone.set()
                     return
 
+        # The peer leaving and the node closing rouse the writer (Connection.wake)
+        # from its one wait; nothing is created per message.
         watcher = asyncio.create_task(watch())
+        watcher.add_done_callback(lambda _: conn.wake())
         closing = asyncio.create_task(self.closing.wait())
+        closing.add_done_callback(lambda _: conn.wake())
         if self.delivery is not None:
             self.delivery.wake_here()  # rows waiting for this address can go now
         try:
@@ -592,7 +596,7 @@ class App:
                 {"type": "http.response.body", "body": b": connected\n\n", "more_body": True}
             )
             while not gone.is_set() and not self.closing.is_set():
-                await self.pump(conn, send, watcher, closing)
+                await self.pump(conn, send, watcher)
         finally:
             self.registry.disconnect(conn)
             watcher.cancel()
@@ -600,30 +604,14 @@ class App:
         if not gone.is_set():
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-    async def pump(
-        self,
-        conn: Connection,
-        send: Send,
-        watcher: asyncio.Task[None],
-        closing: asyncio.Task[bool],
-    ) -> None:
+    async def pump(self, conn: Connection, send: Send, watcher: asyncio.Task[None]) -> None:
         """Write the next message, or a keep-alive when none came in time."""
-        getter = asyncio.create_task(conn.queue.get())
-        done, _ = await asyncio.wait(
-            {getter, watcher, closing},
-            timeout=self.settings.keepalive,
-            return_when=asyncio.FIRST_COMPLETED,
-        )
-        if getter not in done:
-            getter.cancel()
-            try:
-                await getter  # it may have taken an item just before the cancel
-            except asyncio.CancelledError:
-                if not done:
-                    keepalive = b": keepalive\n\n"
-                    await send({"type": "http.response.body", "body": keepalive, "more_body": True})
-                return
-        delivery = getter.result()
+        delivery = await conn.next(self.settings.keepalive)
+        if delivery is None:
+            if not watcher.done() and not self.closing.is_set():
+                keepalive = b": keepalive\n\n"
+                await send({"type": "http.response.body", "body": keepalive, "more_body": True})
+            return
         if watcher.done():
             delivery.done.set_result(False)  # peer gone before the write: never left
             return
