@@ -149,7 +149,10 @@ class OutboxDispatcher:
     async def _send(self, row: OutboxRow) -> tuple[Dispatched, float]:
         started = time.perf_counter()
         try:
-            outcome = await asyncio.wait_for(self.sender.send(row), self.config.send_timeout)
+            # In this task, not in one of its own as wait_for on Python 3.11 would
+            # start (a loop iteration more before the row leaves).
+            async with asyncio.timeout(self.config.send_timeout):
+                outcome = await self.sender.send(row)
         except TimeoutError:
             outcome = Unknown(codes.SEND_TIMEOUT)
         except Exception:
