@@ -76,8 +76,8 @@ class Connection:
     async def next(self, timeout: float) -> Delivery | None:
         """The next queued message, waiting up to ``timeout`` seconds for one; None
         when none came (the keep-alive is due) or the writer was woken for another
-        reason (:meth:`wake`)."""
-        if not self.queue:
+        reason (:meth:`wake`); at once when the stream is closed."""
+        if not self.queue and not self.closed:
             loop = asyncio.get_running_loop()
             waiter = self.waiter = loop.create_future()
             timer = loop.call_later(timeout, self.wake)
