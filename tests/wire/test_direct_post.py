@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import socket
 import threading
 import time
@@ -23,7 +24,7 @@ import pytest
 
 from helpers.support import RunningServer, running_server
 from troth.server.config import Settings
-from troth.server.direct import DirectHttpToolsProtocol
+from troth.server.direct import DirectHttpToolsProtocol, simple_request
 
 SETTINGS = Settings(store="memory", access_log=False, max_body=4096)
 
@@ -333,3 +334,33 @@ def test_a_bug_before_the_engine_is_a_500_not_a_dropped_connection(
             assert status == "HTTP/1.1 500 Internal Server Error"
             assert headers.get("connection") == "close" and body == b"Internal Server Error"
             assert sock.recv(1) == b""
+
+
+def test_a_simple_requests_headers_are_its_lines_split_and_stripped() -> None:
+    """Names lower-cased, values without the spaces and tabs around them, whatever
+    the whitespace inside (the parser's expression against a plain split)."""
+    rng = random.Random(16)
+    pieces = [b"a", b"b c", b"x\ty", b"q=1;  r", b":", b"", b"z "]
+    for _ in range(500):
+        lines = []
+        for n in range(rng.randint(0, 5)):
+            value = b"".join(rng.choice(pieces) for _ in range(rng.randint(0, 3)))
+            left = b"".join(rng.choice([b" ", b"\t"]) for _ in range(rng.randint(0, 2)))
+            right = b"".join(rng.choice([b" ", b"\t"]) for _ in range(rng.randint(0, 2)))
+            lines.append(b"X-H%d:" % n + left + value + right + b"\r\n")
+        body = b"{}"
+        data = (
+            b"POST / HTTP/1.1\r\n"
+            + b"".join(lines)
+            + b"Content-Length: %d\r\n\r\n" % len(body)
+            + body
+        )
+        parsed = simple_request(data, 4096)
+        assert parsed is not None
+        headers, got_body, keep_alive, end = parsed
+        expected = [
+            (line.split(b":", 1)[0].lower(), line[:-2].split(b":", 1)[1].strip(b" \t"))
+            for line in lines
+        ] + [(b"content-length", b"2")]
+        assert headers == expected
+        assert (got_body, keep_alive, end) == (body, True, len(data))

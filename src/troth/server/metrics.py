@@ -97,13 +97,17 @@ class Histogram:
         self.sum += value
 
 
+#: A (kind, status)'s counter series, its label tuple, and its kind's histogram.
+_RequestSlot = tuple[dict[Labels, float], Labels, Histogram]
+
+
 class Metrics:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.counters: dict[str, dict[Labels, float]] = {}
         self.histograms: dict[str, dict[Labels, Histogram]] = {}
         self.gauges: dict[str, Callable[[], float]] = {}
-        self._request_keys: dict[tuple[str, int], tuple[Labels, Labels]] = {}
+        self._request_slots: dict[tuple[str, int], _RequestSlot] = {}
 
     def inc(self, name: str, amount: float = 1, **labels: str) -> None:
         self._count(name, tuple(sorted(labels.items())), amount)
@@ -116,17 +120,30 @@ class Metrics:
     def request(self, kind: str, status: int, seconds: float) -> None:
         """One answered request: ``troth_requests_total{kind,status}`` and
         ``troth_request_seconds{kind}``, as :meth:`inc` and :meth:`observe` count
-        them, with each (kind, status)'s label tuples made once (every request
-        passes here: building and sorting them cost more than the counting)."""
-        keys = self._request_keys.get((kind, status))
-        if keys is None:
-            keys = self._request_keys[(kind, status)] = (
-                (("kind", kind), ("status", str(status))),
-                (("kind", kind),),
-            )
-        counted, timed = keys
-        self._count("troth_requests_total", counted, 1)
-        self._observe("troth_request_seconds", timed, seconds)
+        them.  Every request passes here, so each (kind, status) finds its counter's
+        series, label tuple and histogram made once, and both are counted under one
+        lock (building and sorting labels, and a lookup per metric, cost more than
+        the counting)."""
+        slot = self._request_slots.get((kind, status))
+        if slot is None:
+            slot = self._request_slot(kind, status)
+        counts, key, histogram = slot
+        with self.lock:
+            counts[key] = counts.get(key, 0) + 1
+            histogram.counts[bisect.bisect_left(BUCKETS, seconds)] += 1
+            histogram.sum += seconds
+
+    def _request_slot(self, kind: str, status: int) -> _RequestSlot:
+        counted = (("kind", kind), ("status", str(status)))
+        timed = (("kind", kind),)
+        with self.lock:
+            counts = self.counters.setdefault("troth_requests_total", {})
+            series = self.histograms.setdefault("troth_request_seconds", {})
+            histogram = series.get(timed)
+            if histogram is None:
+                histogram = series[timed] = Histogram()
+        slot = self._request_slots[(kind, status)] = (counts, counted, histogram)
+        return slot
 
     def observe(self, name: str, value: float, **labels: str) -> None:
         self._observe(name, tuple(sorted(labels.items())), value)
