@@ -345,6 +345,41 @@ def test_idle_keep_alive_connection_is_closed_after_idle_timeout() -> None:
         assert 0.5 < took < 5
 
 
+def simple_post(corr: str) -> bytes:
+    """A ``POST /`` the protocol answers itself (server/direct.py's simple path)."""
+    body = envelope("promise.get", '{"id": "nope"}', corr)
+    return b"POST / HTTP/1.1\r\nhost: t\r\ncontent-length: %d\r\n\r\n" % len(body) + body
+
+
+def read_answer(sock: socket.socket) -> bytes:
+    sock.settimeout(10)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536)
+    head, rest = data.split(b"\r\n\r\n", 1)
+    length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+    while len(rest) < length:
+        rest += sock.recv(65536)
+    return head
+
+
+def test_idle_simple_connection_is_closed_after_idle_timeout_and_kept_while_used() -> None:
+    """A simple request's connection has no keep-alive timer of its own: the sweeper
+    closes it once idle past idle_timeout, and not while requests keep coming."""
+    settings = Settings(store="memory", debug=True, access_log=False, idle_timeout=1)
+    with running_server(settings) as server:
+        port = int(server.url.rsplit(":", 1)[1])
+        sock = socket.create_connection(("127.0.0.1", port))
+        for i in range(4):  # 2.4 s in all, never 1 s idle: the same connection serves
+            sock.sendall(simple_post(f"kept-{i}"))
+            assert read_answer(sock).startswith(b"HTTP/1.1 404 ")  # no such promise
+            time.sleep(0.6)
+        data, took = read_all(sock, 10)
+        assert data == b""  # closed, nothing more written
+        assert 0.2 < took < 2.5  # 1 s after the last answer (0.6 s of it slept above)
+        sock.close()
+
+
 def test_sse_streams_are_not_cut_off_by_the_read_deadlines() -> None:
     with running_server(SLOW) as server:
         port = int(server.url.rsplit(":", 1)[1])

@@ -255,8 +255,6 @@ def uvicorn_config(app: App, settings: Settings, **overrides: Any) -> uvicorn.Co
         "host": settings.host,
         "port": settings.port,
         "loop": "uvloop",
-        # POST / answered by the protocol itself (server/direct.py), the rest by ASGI.
-        "http": http_protocol(settings.header_timeout, settings.body_timeout, app),
         "lifespan": "on",
         "access_log": False,
         "log_level": settings.log_level.lower(),
@@ -271,4 +269,12 @@ def uvicorn_config(app: App, settings: Settings, **overrides: Any) -> uvicorn.Co
         options["ssl_certfile"] = settings.tls_cert
         options["ssl_keyfile"] = settings.tls_key
     options.update(overrides)
+    # POST / answered by the protocol itself (server/direct.py), the rest by ASGI; its
+    # sweeper closes idle simple connections after the keep-alive uvicorn was given.
+    options.setdefault(
+        "http",
+        http_protocol(
+            settings.header_timeout, settings.body_timeout, app, options["timeout_keep_alive"]
+        ),
+    )
     return uvicorn.Config(app, **options)

@@ -12,6 +12,12 @@ every connection past ``header_timeout`` or ``body_timeout``: it answers ``408``
 (a protocol envelope, ``kind`` ``unknown``) unless a response already started,
 then closes.  The request path pays two ``loop.time()`` calls and no timer.
 
+The same sweeper closes a connection whose simple ``POST /`` was answered
+(``server/direct.py``) once it has waited longer than ``idle_timeout`` for the next
+request — what uvicorn's keep-alive timer does for every other response, without a
+timer armed and cancelled per request.  It closes within a sweep interval (at most
+a quarter of ``idle_timeout``, and 1 s) after the deadline, never before.
+
 Not covered here: a client that reads its *response* slowly (a response is small;
 an SSE stream is paced by transport flow control and the keep-alive comments) and
 the TLS handshake with ``tls_cert`` (the event loop bounds it at 60 s).
@@ -31,7 +37,10 @@ from troth.server.app import Throttled
 #: One line a second at most, however many connections a slowloris opens.
 warnings = Throttled(logging.getLogger("troth.server"))
 
-IDLE, HEADERS, BODY = 0, 1, 2
+#: IDLE: a request is being answered, or nothing is timed.  KEPT: a simple request's
+#: answer was written and the connection waits for the next one (closed past
+#: ``idle_timeout``; direct.py).
+IDLE, HEADERS, BODY, KEPT = 0, 1, 2, 3
 
 
 def timeout_response(message: str) -> bytes:
@@ -48,6 +57,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     header_timeout: ClassVar[float] = 10.0
     body_timeout: ClassVar[float] = 30.0
+    #: The keep-alive uvicorn was given (``timeout_keep_alive``): how often to sweep.
+    idle_timeout: ClassVar[float] = 5.0
     live: ClassVar[set[GuardedHttpToolsProtocol]]
     sweeping: ClassVar[asyncio.TimerHandle | None]
     cut: ClassVar[int]
@@ -75,7 +86,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        if self._phase == IDLE:  # a new request on a kept-alive connection
+        if self._phase in (IDLE, KEPT):  # a new request on a kept-alive connection
             self._phase = HEADERS
             self._since = self.loop.time()
 
@@ -92,7 +103,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     @classmethod
     def interval(cls) -> float:
-        return min(1.0, cls.header_timeout / 4, cls.body_timeout / 4)
+        return min(1.0, cls.header_timeout / 4, cls.body_timeout / 4, cls.idle_timeout / 4)
 
     @classmethod
     def sweep(cls, loop: asyncio.AbstractEventLoop) -> None:
@@ -102,6 +113,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 conn.expire("headers", cls.header_timeout)
             elif conn._phase == BODY and now - conn._since > cls.body_timeout:
                 conn.expire("body", cls.body_timeout)
+            elif conn._phase == KEPT and now - conn._since > conn.timeout_keep_alive:
+                conn._phase = IDLE
+                if not conn.transport.is_closing():
+                    conn.transport.close()  # as uvicorn's keep-alive timer would
         cls.sweeping = loop.call_later(cls.interval(), cls.sweep, loop) if cls.live else None
 
     def expire(self, what: str, limit: float) -> None:
