@@ -130,8 +130,7 @@ class Metrics:
         counts, key, histogram = slot
         with self.lock:
             counts[key] = counts.get(key, 0) + 1
-            histogram.counts[bisect.bisect_left(BUCKETS, seconds)] += 1
-            histogram.sum += seconds
+            histogram.observe(seconds)
 
     def _request_slot(self, kind: str, status: int) -> _RequestSlot:
         counted = (("kind", kind), ("status", str(status)))

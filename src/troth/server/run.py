@@ -271,10 +271,8 @@ def uvicorn_config(app: App, settings: Settings, **overrides: Any) -> uvicorn.Co
     options.update(overrides)
     # POST / answered by the protocol itself (server/direct.py), the rest by ASGI; its
     # sweeper closes idle simple connections after the keep-alive uvicorn was given.
-    options.setdefault(
-        "http",
-        http_protocol(
+    if "http" not in options:
+        options["http"] = http_protocol(
             settings.header_timeout, settings.body_timeout, app, options["timeout_keep_alive"]
-        ),
-    )
+        )
     return uvicorn.Config(app, **options)

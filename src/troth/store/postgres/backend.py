@@ -7,8 +7,8 @@ How and why it locks, caches, defers and detects a stale view is in
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Collection, Sequence
-from typing import Any, Final, NoReturn, TypeVar
+from collections.abc import Callable, Collection, Iterable, Sequence
+from typing import Any, Final, TypeVar
 
 import psycopg
 from psycopg.pq import TransactionStatus
@@ -53,41 +53,30 @@ def refuse_nul(writes: Writes) -> None:
     values (searched through ``jsonb``), addresses, keys.  Other JSON columns are
     msgspec text, where U+0000 is escaped.
     """
-    # Field by field (no list of them built first): it runs for every job's writes.
+    # Group by group (no list of them all built first): it runs for every job's writes.
     for p in writes.promises.values():
-        for text in (p.id, p.state):
-            if NUL in text:
-                _unstorable(text)
-        _refuse_nul_in(p.tags)
+        _refuse_nul((p.id, p.state))
+        _refuse_nul(p.tags)
+        _refuse_nul(p.tags.values())
     for t in writes.tasks.values():
-        for text in (t.id, t.state, t.pid or ""):
-            if NUL in text:
-                _unstorable(text)
+        _refuse_nul((t.id, t.state, t.pid or ""))
     for id, s in writes.schedules.items():
-        if NUL in id:
-            _unstorable(id)
+        _refuse_nul((id,))
         if s is not None:
-            for text in (s.cron, s.promise_id):
-                if NUL in text:
-                    _unstorable(text)
-            _refuse_nul_in(s.promise_tags)
+            _refuse_nul((s.cron, s.promise_id))
+            _refuse_nul(s.promise_tags)
+            _refuse_nul(s.promise_tags.values())
     for key, entry in writes.messages.items():
-        for text in (key, entry.address):
-            if NUL in text:
-                _unstorable(text)
-        if isinstance(entry.message, Execute) and NUL in entry.message.task_id:
-            _unstorable(entry.message.task_id)
+        _refuse_nul((key, entry.address))
+        if isinstance(entry.message, Execute):
+            _refuse_nul((entry.message.task_id,))
 
 
-def _refuse_nul_in(tags: Tags) -> None:
-    for texts in (tags, tags.values()):
-        for text in texts:
-            if NUL in text:
-                _unstorable(text)
-
-
-def _unstorable(text: str) -> NoReturn:
-    raise Unstorable(f"PostgreSQL text cannot hold U+0000: refusing to store {text!r}")
+def _refuse_nul(texts: Iterable[str]) -> None:
+    """:func:`~troth.store.postgres.session.has_nul` that names the offending text."""
+    for text in texts:
+        if NUL in text:
+            raise Unstorable(f"PostgreSQL text cannot hold U+0000: refusing to store {text!r}")
 
 
 # The boolean columns of a promise and a task row (codec order): every other column
