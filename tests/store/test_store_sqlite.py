@@ -153,20 +153,6 @@ def test_used_from_another_thread(store: SqliteStore) -> None:
     assert result == [pending("t")]
 
 
-def test_inline_point_read_is_one_statement(store: SqliteStore) -> None:
-    """A point read on the event loop's reader runs its one SELECT alone: no BEGIN and
-    ROLLBACK around it (one statement is its own snapshot)."""
-    run(store, lambda tx: tx.set_promise(pending("p")))
-    assert store.read_inline(lambda tx: tx.get_promise("x")) is None  # opens the reader
-    statements: list[str] = []
-    assert store._inline is not None
-    store._inline.set_trace_callback(statements.append)
-    assert store.read_inline(lambda tx: tx.get_promise("p")) == pending("p")
-    assert store.read_inline(lambda tx: tx.get_promise("p")) == pending("p")
-    assert len(statements) == 2
-    assert all(s.startswith("SELECT") for s in statements), statements
-
-
 def test_inline_read_of_two_rows_sees_one_snapshot(store: SqliteStore) -> None:
     """A job that reads twice runs again in one read transaction: a commit between its
     two reads must not give it one row from before and one from after."""

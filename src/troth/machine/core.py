@@ -132,6 +132,15 @@ def handle(tx: Tx, req: rq.Req, now: int, config: Config, head: dict[str, Any]) 
     return response
 
 
+def read(tx: Tx, req: rq.Req, now: int) -> Response:
+    """Answer one request of :data:`READ_ONLY` at ``now``: :func:`handle` without its
+    recorder, which a read never needs (it writes nothing, so it enables nothing)."""
+    try:
+        return HANDLERS[type(req)](tx, req, now)
+    except BadRequest as exc:
+        return error(400, str(exc))
+
+
 def tick(tx: Tx, now: int, config: Config) -> int:
     """One timer pass: fire every step due at ``now``; returns how many objects were due."""
     return fire_due(Recorder(tx), now, config)

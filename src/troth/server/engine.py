@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from troth.machine.core import READ_ONLY, handle, lock_keys, settled_keys, tick
+from troth.machine.core import READ_ONLY, handle, lock_keys, read, settled_keys, tick
 from troth.machine.internal import Config
 from troth.machine.state import Response
 from troth.outbox.rows import OutboxRow
@@ -239,20 +239,26 @@ class Engine:
         point read on SQLite), else None, and ``done`` gets its job's outcome on the
         event loop later.  Raises what a point read's job raised."""
 
-        def job(tx: Overlay) -> Response:
-            return handle(tx, req, now, self.config, head)
-
         if type(req) in READ_ONLY:
             # A read touches nothing: served off the writer (docs/architecture.md,
             # "Reads"), not queued behind its batches of writes.
+            def reading(tx: Overlay) -> Response:
+                return read(tx, req, now)
+
             if isinstance(req, POINT_READS) and self.store.inline_reads:
                 try:
-                    return self.store.read_inline(job)
+                    return self.store.read_inline(reading)
                 except StoreUnavailable:
                     pass  # the reader would have to wait: the writer answers instead
             elif self._readers:
-                self._enqueue(job, now, self._keys(req), True, done)
+                self._enqueue(reading, now, self._keys(req), True, done)
                 return None
+            self._enqueue(reading, now, self._keys(req), False, done)
+            return None
+
+        def job(tx: Overlay) -> Response:
+            return handle(tx, req, now, self.config, head)
+
         keys = self._keys(req)
         self._enqueue(job, now, keys, False, done, settled_keys(req, keys) if keys else ())
         return None

@@ -254,22 +254,60 @@ class BeginWouldWait(Exception):
     attempt), which requests see."""
 
 
+class ReadOnly(Overlay):
+    """The view of a read-only job: the backend's rows, with no writes of its own to
+    look through first (nor a :class:`Writes` made for them), and a write refused
+    where it is tried (a read that writes is a bug)."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+
+    def get_promise(self, id: str) -> Promise | None:
+        return self.backend.get_promise(id)
+
+    def get_task(self, id: str) -> Task | None:
+        return self.backend.get_task(id)
+
+    def get_schedule(self, id: str) -> Schedule | None:
+        return self.backend.get_schedule(id)
+
+    def set_promise(self, promise: Promise) -> None:
+        raise RuntimeError("a read-only job wrote")
+
+    def set_task(self, task: Task) -> None:
+        raise RuntimeError("a read-only job wrote")
+
+    def set_schedule(self, schedule: Schedule) -> None:
+        raise RuntimeError("a read-only job wrote")
+
+    def del_schedule(self, id: str) -> None:
+        raise RuntimeError("a read-only job wrote")
+
+    def set_message(self, address: str, message: Message) -> None:
+        raise RuntimeError("a read-only job wrote")
+
+    def hold_message(self, key: str, available_at: int) -> OutboxEntry | None:
+        raise RuntimeError("a read-only job wrote")
+
+    def written_message(self, key: str) -> OutboxEntry | None:
+        return None
+
+    def promises_in_branch(self, branch: str, limit: int) -> list[Promise]:
+        return self.backend.promises_in_branch(branch, limit)
+
+
 def read_only(
-    backend: Backend, job: Job[T], store_errors: tuple[type[Exception], ...]
+    backend: Backend, fn: Callable[[ReadOnly], T], store_errors: tuple[type[Exception], ...]
 ) -> Outcome[T]:
-    """Run a read-only ``job`` over ``backend`` (a read snapshot): its value or its own
-    exception; ``store_errors`` (the reader could not read) propagate, so the caller
+    """Run a read-only job ``fn`` over ``backend`` (a read snapshot): its value or its
+    own exception; ``store_errors`` (the reader could not read) propagate, so the caller
     hands the whole batch to the writer.  A job that writes is a bug, and its outcome."""
-    overlay = Overlay(backend)
     try:
-        value = job.fn(overlay)
+        return Outcome(value=fn(ReadOnly(backend)))
     except store_errors:
         raise
     except Exception as exc:
         return Outcome(error=exc)
-    if overlay.writes:
-        return Outcome(error=RuntimeError("a read-only job wrote"))
-    return Outcome(value=value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -341,7 +379,7 @@ class Store(ABC):
     #: Whether :meth:`read_inline` serves point reads (a SQLite file: a WAL reader).
     inline_reads: bool = False
 
-    def read_inline(self, fn: Callable[[Overlay], T]) -> T:
+    def read_inline(self, fn: Callable[[ReadOnly], T]) -> T:
         """Run a read-only job at once on the calling thread, on a reader connection
         of its own, in one read transaction; raise :class:`StoreUnavailable` if the
         reader cannot read right now (the caller then goes through the writer)."""

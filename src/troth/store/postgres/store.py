@@ -349,7 +349,7 @@ class PostgresStore(Session, Store):
         def batch(cur: Cur) -> list[Outcome[Any]]:
             backend = PostgresBackend(cur, locking=False)
             backend.preread({k for job in jobs for k in job.keys})
-            return [read_only(backend, job, (psycopg.Error,)) for job in jobs]
+            return [read_only(backend, job.fn, (psycopg.Error,)) for job in jobs]
 
         try:
             return session.run(batch, snapshot=True)

@@ -24,7 +24,7 @@ from troth.store.base import (
     BeginWouldWait,
     Job,
     Outcome,
-    Overlay,
+    ReadOnly,
     Store,
     StoreUnavailable,
     read_only,
@@ -35,6 +35,7 @@ from troth.store.migrate import check_version, migrate
 from troth.store.outbox import OutboxStore, OutboxTable, SqlOutboxTable
 from troth.store.queries import load_queries
 from troth.store.retention import Retention, SqlRetention
+from troth.store.sqlite.inline import InlineReader, map_header
 from troth.store.sqlite.migrate import SqliteSchema
 from troth.store.writes import Writes
 
@@ -131,36 +132,10 @@ def _scan_params(
 # -- the backend -----------------------------------------------------------------------------
 
 
-class _SecondStatement(Exception):
-    """A read outside a transaction asked for a second statement: its two reads could
-    see two different commits, so the job runs again inside one read transaction."""
-
-
-#: What makes an inline read give up (and not count as the job's own failure).
-_INLINE_ERRORS = (sqlite3.OperationalError, _SecondStatement)
-
-
 class Executes(Protocol):
     """What :class:`SqliteBackend` uses of its connection."""
 
     def execute(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor: ...
-
-
-class _OneStatement:
-    """A reader connection's stand-in that runs one statement, in autocommit (its own
-    snapshot of the file), and refuses a second (:class:`_SecondStatement`)."""
-
-    __slots__ = ("conn", "used")
-
-    def __init__(self, conn: sqlite3.Connection) -> None:
-        self.conn = conn
-        self.used = False
-
-    def execute(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor:
-        if self.used:
-            raise _SecondStatement(sql)
-        self.used = True
-        return self.conn.execute(sql, parameters)
 
 
 def _settles(old: Promise, new: Promise) -> bool:
@@ -359,7 +334,7 @@ class SqliteStore(Store):
         self._reader: sqlite3.Connection | None = None
         self._reader_lock = threading.Lock()
         #: The event loop's reader (``read_inline``), opened on first use.
-        self._inline: sqlite3.Connection | None = None
+        self._inline: InlineReader | None = None
         #: The reader threads' connections (``read_many``), one per thread, by thread id.
         self._pooled: dict[int, sqlite3.Connection] = {}
         self._pooled_lock = threading.Lock()
@@ -383,6 +358,8 @@ class SqliteStore(Store):
     def begin_nowait(self) -> Backend:
         """On the event loop: another process holding the file's write lock must not
         stall it for ``busy_timeout``; the batch goes to the writer thread instead."""
+        if self._inline is not None:
+            self._inline.release()  # a WAL restarts only where no reader holds a mark
         self.conn.execute("PRAGMA busy_timeout = 0")
         try:
             return self.begin()
@@ -462,29 +439,24 @@ class SqliteStore(Store):
         finally:
             self.lock.release()
 
-    def read_inline(self, fn: Callable[[Overlay], T]) -> T:
+    def read_inline(self, fn: Callable[[ReadOnly], T]) -> T:
         """On the event loop's own reader connection (a point read takes a few µs: less
-        than the two thread hops to the writer and back).  WAL: it sees every commit
-        made before it began and never waits for the writer; ``busy_timeout`` is 0 so
-        that the rare moment it would wait (WAL recovery) fails over to the writer
-        instead of blocking the loop."""
-        conn = self._inline
-        if conn is None:
-            conn = self._inline = self._open_reader(busy_ms=0)
-            self._one = _OneStatement(conn)
-            self._one_backend = SqliteBackend(self._one)
-        job = Job(fn, 0)
-        self._one.used = False
-        try:
-            # Most point reads are one SELECT, and one statement outside a transaction
-            # is its own snapshot: no BEGIN and ROLLBACK around it (two statements
-            # more).  A job that reads twice (task.get) runs again in a transaction.
-            outcome = read_only(self._one_backend, job, _INLINE_ERRORS)
-        except _SecondStatement:
-            outcome = self._read_on(conn, [job])[0]
-        except sqlite3.OperationalError as exc:
-            raise StoreUnavailable(f"sqlite reader busy: {exc}") from exc
-        return outcome.result()
+        than the two thread hops to the writer and back), inside the snapshot it holds
+        while nothing is committed (``store/sqlite/inline.py``).  WAL: it sees every
+        commit made before it began and never waits for the writer; ``busy_timeout``
+        is 0 so that the rare moment it would wait (WAL recovery) fails over to the
+        writer instead of blocking the loop."""
+        reader = self._inline
+        if reader is None:
+            conn = self._open_reader(busy_ms=0)
+            conn.execute("SELECT 1 FROM sqlite_schema LIMIT 1").fetchall()  # maps the -shm
+            reader = self._inline = InlineReader(
+                conn,
+                SqliteBackend(conn.cursor()),
+                map_header(self.path),
+                (sqlite3.OperationalError,),
+            )
+        return reader.read(fn)
 
     def read_many(self, jobs: Sequence[Job[Any]]) -> list[Outcome[Any]]:
         """On the calling reader thread's own connection (searches: they may step
@@ -514,7 +486,7 @@ class SqliteStore(Store):
             raise StoreUnavailable(f"sqlite reader busy: {exc}") from exc
         try:
             backend = SqliteBackend(conn)
-            return [read_only(backend, job, (sqlite3.OperationalError,)) for job in jobs]
+            return [read_only(backend, job.fn, (sqlite3.OperationalError,)) for job in jobs]
         except sqlite3.OperationalError as exc:
             raise StoreUnavailable(f"sqlite reader busy: {exc}") from exc
         finally:
