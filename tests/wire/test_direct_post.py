@@ -316,6 +316,33 @@ def test_answers_written_at_once_keep_their_order(tmp_path: Path) -> None:
     assert corrs[:3] == ["c0", "g1", "g2"] and corrs[-1] == "g299"
 
 
+def test_answers_written_at_once_wait_for_a_peer_that_does_not_read(tmp_path: Path) -> None:
+    """Point reads pipelined by a peer that does not read its answers: once the
+    server's write buffer is full, an answer ready at once waits for it to drain
+    (answer_simple), and what is held waits behind it; when the peer reads, every
+    answer arrives, in order."""
+    data = {"id": "big", "timeoutAt": 2**40, "param": {"data": "x" * 40_000}, "tags": {}}
+    head = {"corrId": "c0", "version": "2026-04-01"}
+    create = json.dumps({"kind": "promise.create", "head": head, "data": data}).encode()
+    count = 300
+    reads = b"".join(post(get(f"g{i}", "big")) for i in range(1, count))
+    settings = replace(SETTINGS, store="sqlite", db=str(tmp_path / "t.db"), max_body=100_000)
+    with running_server(settings) as rs:
+        with socket.create_connection(("127.0.0.1", port_of(rs)), timeout=30) as sock:
+            sock.sendall(post(create))
+            [created] = read_responses(sock, 1)
+            assert created[0] == "HTTP/1.1 200 OK"
+            sock.sendall(reads)  # one write: read whole, answered while read
+            time.sleep(1.0)  # the server answers until its buffer is full, then waits
+            answers = read_responses(sock, count - 1)
+        assert rs.server is not None
+        assert rs.server.config.http.counts["simple"] == count
+    corrs = [json.loads(body)["head"]["corrId"] for _, _, body in answers]
+    assert corrs == [f"g{i}" for i in range(1, count)]
+    assert {status for status, _, _ in answers} == {"HTTP/1.1 200 OK"}
+    assert all(len(body) > 40_000 for _, _, body in answers)
+
+
 def test_a_bug_before_the_engine_is_a_500_not_a_dropped_connection(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -376,29 +376,28 @@ class App:
 
     def answer_soon(
         self, body: bytes, headers: Iterable[tuple[bytes, bytes]], done: Callable[[Answer], None]
-    ) -> None:
+    ) -> Answer | None:
         """:meth:`envelope` for a caller that takes the answer by callback (a simple
-        ``POST /``, ``server/direct.py``): ``done`` is called at once where nothing
-        waits (a refusal, a point read) or when the request's batch is committed — no
-        task and no coroutine per request."""
+        ``POST /``, ``server/direct.py``): the answer itself where nothing waits (a
+        refusal, a point read), and ``done`` is not called; else None, and ``done`` is
+        called when the request's batch is committed — no task and no coroutine per
+        request."""
         admitted = self.admit(body, headers)
         if not isinstance(admitted, Admitted):
-            done(admitted)
-            return
+            return admitted
         if admitted.kind.startswith("debug.") or isinstance(admitted.req, rq.TaskRelease):
             task = asyncio.ensure_future(self.dispatch(admitted))
             self._tasks.add(task)
             task.add_done_callback(functools.partial(self._dispatched, admitted, done))
-            return
+            return None
         later = functools.partial(self._committed, admitted, done)
         try:
             response = self.engine.submit(admitted.req, admitted.now, admitted.head, later)
             if response is None:
-                return  # _committed answers, after the commit
-            answer = self.conclude(admitted, response)
+                return None  # _committed answers, after the commit
+            return self.conclude(admitted, response)
         except Exception as exc:
-            answer = self.failed(admitted, exc)
-        done(answer)
+            return self.failed(admitted, exc)
 
     def _committed(
         self, admitted: Admitted, done: Callable[[Answer], None], outcome: Outcome[Response]

@@ -126,6 +126,26 @@ def simple_request(
     return headers, data[start:end], keep_alive, end
 
 
+def response(
+    status: int,
+    defaults: list[tuple[bytes, bytes]],
+    headers: list[tuple[bytes, bytes]],
+    keep_alive: bool,
+    body: bytes,
+) -> bytes:
+    """One whole response: status line, uvicorn's default headers, ``headers``, and
+    ``Connection: close`` where the connection ends after it."""
+    parts = [STATUS_LINES[status]]
+    for name, value in defaults:
+        parts += (name, b": ", value, b"\r\n")
+    for name, value in headers:
+        parts += (name, b": ", value, b"\r\n")
+    if not keep_alive:
+        parts.append(b"connection: close\r\n")
+    parts += (b"\r\n", body)
+    return b"".join(parts)
+
+
 class _Cycle(Protocol):
     """What :class:`DirectSend` uses of a request: uvicorn's ``RequestResponseCycle``
     or a :class:`SimpleCycle`."""
@@ -218,17 +238,11 @@ class DirectSend:
         cycle = self.cycle
         if cycle.disconnected:
             return
-        parts = [STATUS_LINES[self.status]]
-        for name, value in cycle.default_headers:
-            parts += (name, b": ", value, b"\r\n")
-        for name, value in self.headers:
-            parts += (name, b": ", value, b"\r\n")
-        if not cycle.keep_alive:
-            parts.append(b"connection: close\r\n")
-        parts += (b"\r\n", body)
         cycle.response_started = True
         cycle.waiting_for_100_continue = False
-        cycle.transport.write(b"".join(parts))
+        cycle.transport.write(
+            response(self.status, cycle.default_headers, self.headers, cycle.keep_alive, body)
+        )
         self.complete()
 
     def complete(self) -> None:
@@ -368,14 +382,21 @@ class DirectHttpToolsProtocol(GuardedHttpToolsProtocol):
                 headers, body, keep_alive, end = request
                 self.held = data[end:]
                 self._phase = IDLE  # the request is read whole: no header or body deadline
-                cycle = self.answering = SimpleCycle(self, keep_alive)
                 self.counts["direct"] += 1
                 self.counts["simple"] += 1
-                done = functools.partial(answer_simple, troth, cycle, time.perf_counter())
+                started = time.perf_counter()
                 try:
-                    troth.answer_soon(body, headers, done)
+                    answer = troth.answer_soon(
+                        body, headers, functools.partial(self.answer_later, started)
+                    )
                 except Exception as exc:  # a bug before the engine: 500, as a task had
+                    cycle = self.answering = SimpleCycle(self, keep_alive)
                     failed(cycle, DirectSend(cycle), exc)
+                else:
+                    if answer is None:  # its batch answers (answer_later)
+                        self.answering = SimpleCycle(self, keep_alive)
+                    else:
+                        self.answer_now(troth, answer, keep_alive, started)
                 # Answered at once (a point read, a refusal): the next pipelined request
                 # is read here, not by simple_answered (no recursion per request).
                 if self.answering is not None or not self.held or self.transport.is_closing():
@@ -384,6 +405,38 @@ class DirectHttpToolsProtocol(GuardedHttpToolsProtocol):
                 self._unset_keepalive_if_required()
         finally:
             self.taking = False
+
+    def answer_now(self, troth: App, answer: Answer, keep_alive: bool, started: float) -> None:
+        """Write an answer that was ready at once (a point read, a refusal): what
+        :func:`answer_simple`, :meth:`DirectSend.now` and :meth:`simple_answered`
+        do, without a cycle and a send made for it.  A peer that does not read takes
+        :func:`answer_simple`, which waits for the buffer to drain."""
+        if self.flow.write_paused:
+            cycle = self.answering = SimpleCycle(self, keep_alive)
+            answer_simple(troth, cycle, started, answer)
+            return
+        kind, corr, status, data = answer
+        try:
+            body = encode_response(kind, corr, status, data)
+        except Exception as exc:
+            cycle = self.answering = SimpleCycle(self, keep_alive)
+            failed(cycle, DirectSend(cycle), exc)
+            return
+        defaults = self.server_state.default_headers
+        self.transport.write(response(status, defaults, json_headers(body), keep_alive, body))
+        if not keep_alive:
+            self.transport.close()
+        self._kept()
+        try:
+            troth.answered(kind, corr, status, started)
+        except Exception:  # written already: as answer_simple, logged and left
+            log.exception("counting an answer failed")
+
+    def answer_later(self, started: float, answer: Answer) -> None:
+        """The answer of the simple request being answered, once its batch committed."""
+        troth, cycle = type(self).troth, self.answering
+        assert troth is not None and cycle is not None  # answering: set when deferred
+        answer_simple(troth, cycle, started, answer)
 
     def simple_answered(self) -> None:
         """The answer is written: as uvicorn after a response, then the next
