@@ -205,3 +205,22 @@ async def test_a_reader_that_cannot_read_holds_nothing(store: SqliteStore) -> No
         store.read_inline(broken)
     assert not held.conn.in_transaction
     assert state(store, "p") == "pending"
+
+
+@pytest.mark.parametrize("path", ["inline", "pooled"])
+def test_a_read_that_writes_is_refused_and_writes_nothing(store: SqliteStore, path: str) -> None:
+    """Read jobs see a ReadOnly view: a write raises where it is tried (a read that
+    writes is a bug), on the loop's reader and on the reader threads alike."""
+    write(store, pending("p"))
+
+    def writes(tx: Any) -> None:
+        tx.get_promise("p")
+        tx.set_promise(msgspec.structs.replace(pending("p"), state="resolved"))
+
+    if path == "inline":
+        with pytest.raises(RuntimeError, match="read-only job wrote"):
+            store.read_inline(writes)
+    else:
+        [outcome] = store.read_many([Job(writes, 0)])
+        assert isinstance(outcome.error, RuntimeError)
+    assert state(store, "p") == "pending"

@@ -23,8 +23,9 @@ from typing import Any
 import pytest
 
 from helpers.support import RunningServer, running_server
+from troth.server.app import json_headers
 from troth.server.config import Settings
-from troth.server.direct import DirectHttpToolsProtocol, simple_request
+from troth.server.direct import DirectHttpToolsProtocol, JsonHeads, response, simple_request
 
 SETTINGS = Settings(store="memory", access_log=False, max_body=4096)
 
@@ -391,3 +392,16 @@ def test_a_simple_requests_headers_are_its_lines_split_and_stripped() -> None:
         ] + [(b"content-length", b"2")]
         assert headers == expected
         assert (got_body, keep_alive, end) == (body, True, len(data))
+
+
+def test_a_json_head_made_once_is_the_head_made_per_answer() -> None:
+    """An answer written at once (JsonHeads: the head up to Content-Length made once
+    per status and per list of default headers) is byte for byte what the head built
+    from its header lines is, and a new list of defaults (uvicorn's Date, once a
+    second) makes a new head."""
+    heads = JsonHeads()
+    for defaults in ([], [(b"date", b"Thu, 03 Dec 2026 20:00:00 GMT")], [(b"date", b"later")]):
+        for status in (200, 201, 400, 404, 409, 500, 503):
+            for body in (b"", b"{}", json.dumps({"x": "y" * 1000}).encode()):
+                made = heads.answer(status, defaults, body)
+                assert made == response(status, defaults, json_headers(body), True, body)

@@ -146,6 +146,28 @@ def response(
     return b"".join(parts)
 
 
+class JsonHeads:
+    """The head of a kept-alive JSON answer up to its ``Content-Length`` value, by
+    status, made once for the default headers of the moment (uvicorn makes a new
+    list when its ``Date`` changes, once a second): an answer is then this, its
+    length and its body, not a list of header lines joined per answer."""
+
+    __slots__ = ("defaults", "heads")
+
+    def __init__(self) -> None:
+        self.defaults: list[tuple[bytes, bytes]] | None = None
+        self.heads: dict[int, bytes] = {}
+
+    def answer(self, status: int, defaults: list[tuple[bytes, bytes]], body: bytes) -> bytes:
+        if defaults is not self.defaults:
+            self.defaults, self.heads = defaults, {}
+        head = self.heads.get(status)
+        if head is None:
+            whole = response(status, defaults, json_headers(b""), True, b"")
+            head = self.heads[status] = whole[: -len(b"0\r\n\r\n")]
+        return b"%s%d\r\n\r\n%s" % (head, len(body), body)
+
+
 class _Cycle(Protocol):
     """What :class:`DirectSend` uses of a request: uvicorn's ``RequestResponseCycle``
     or a :class:`SimpleCycle`."""
@@ -337,6 +359,9 @@ class DirectHttpToolsProtocol(GuardedHttpToolsProtocol):
     #: invalidates the interpreter's attribute cache of the class,
     #: and every later lookup on every connection would miss it.
     counts: ClassVar[dict[str, int]]
+    #: The heads of answers written at once (:meth:`answer_now`), shared by every
+    #: connection of the server.
+    json_heads: ClassVar[JsonHeads]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -349,6 +374,8 @@ class DirectHttpToolsProtocol(GuardedHttpToolsProtocol):
         self.held = b""
         #: Whether :meth:`take` is on the stack (an answer written at once).
         self.taking = False
+        #: When the simple request being answered was read whole.
+        self.started = 0.0
 
     # -- simple requests -------------------------------------------------------------
 
@@ -384,11 +411,9 @@ class DirectHttpToolsProtocol(GuardedHttpToolsProtocol):
                 self._phase = IDLE  # the request is read whole: no header or body deadline
                 self.counts["direct"] += 1
                 self.counts["simple"] += 1
-                started = time.perf_counter()
+                started = self.started = time.perf_counter()
                 try:
-                    answer = troth.answer_soon(
-                        body, headers, functools.partial(self.answer_later, started)
-                    )
+                    answer = troth.answer_soon(body, headers, self.answer_later)
                 except Exception as exc:  # a bug before the engine: 500, as a task had
                     cycle = self.answering = SimpleCycle(self, keep_alive)
                     failed(cycle, DirectSend(cycle), exc)
@@ -423,8 +448,10 @@ class DirectHttpToolsProtocol(GuardedHttpToolsProtocol):
             failed(cycle, DirectSend(cycle), exc)
             return
         defaults = self.server_state.default_headers
-        self.transport.write(response(status, defaults, json_headers(body), keep_alive, body))
-        if not keep_alive:
+        if keep_alive:
+            self.transport.write(self.json_heads.answer(status, defaults, body))
+        else:
+            self.transport.write(response(status, defaults, json_headers(body), False, body))
             self.transport.close()
         self._kept()
         try:
@@ -432,11 +459,11 @@ class DirectHttpToolsProtocol(GuardedHttpToolsProtocol):
         except Exception:  # written already: as answer_simple, logged and left
             log.exception("counting an answer failed")
 
-    def answer_later(self, started: float, answer: Answer) -> None:
+    def answer_later(self, answer: Answer) -> None:
         """The answer of the simple request being answered, once its batch committed."""
         troth, cycle = type(self).troth, self.answering
         assert troth is not None and cycle is not None  # answering: set when deferred
-        answer_simple(troth, cycle, started, answer)
+        answer_simple(troth, cycle, self.started, answer)
 
     def simple_answered(self) -> None:
         """The answer is written: as uvicorn after a response, then the next
@@ -511,5 +538,6 @@ def http_protocol(
             "cut": 0,
             "troth": app,
             "counts": {"direct": 0, "simple": 0},
+            "json_heads": JsonHeads(),
         },
     )

@@ -19,6 +19,7 @@ import msgspec
 from troth.outbox.rows import OutboxRow
 from troth.protocol.address import parse_poll
 from troth.protocol.records import (
+    EMPTY_VALUE,
     PENDING,
     TAG_BRANCH,
     TAG_ORIGIN,
@@ -144,18 +145,22 @@ class RowCodec:
         )
 
     def promise(self, r: Sequence[Any]) -> Promise:
+        """A promise row's promise.  The commonest texts — the ``{}`` value of every
+        pending promise, and no callbacks or listeners — are not decoded: they are
+        the one empty value and the empty tuple (both immutable)."""
         o = self.int_out
+        value, callbacks, listeners = r[3], r[8], r[9]
         return Promise(
             r[0],
             r[1],
             _decode_value(r[2]),
-            _decode_value(r[3]),
+            EMPTY_VALUE if value == "{}" else _decode_value(value),
             _decode_tags(r[4]),
             o(r[5]),
             o(r[6]),
             o(r[7]),
-            _decode_strs(r[8]),
-            _decode_strs(r[9]),
+            () if callbacks == "[]" else _decode_strs(callbacks),
+            () if listeners == "[]" else _decode_strs(listeners),
         )
 
     def task_row(self, t: Task) -> tuple[Any, ...]:

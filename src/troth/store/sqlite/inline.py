@@ -39,7 +39,7 @@ import struct
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Final, TypeVar
 
-from troth.store.base import ReadOnly, StoreUnavailable, read_only
+from troth.store.base import ReadOnly, StoreUnavailable
 
 if TYPE_CHECKING:
     from troth.store.sqlite.store import SqliteBackend
@@ -87,20 +87,19 @@ class InlineReader:
         conn: sqlite3.Connection,
         backend: SqliteBackend,
         header: mmap.mmap | None,
-        errors: tuple[type[Exception], ...],
     ) -> None:
         self.conn = conn
         self.backend = backend
         self.header = header
-        self.errors = errors
         #: The header when the held snapshot began; None while none is held.
         self.seen: bytes | None = None
         self.timer: asyncio.TimerHandle | None = None
 
     def read(self, fn: Callable[[ReadOnly], T]) -> T:
         """``fn`` over the held snapshot (begun first if none is, or if something was
-        committed since it began); raises :class:`StoreUnavailable` where the reader
-        could not read (the caller hands the read to the writer)."""
+        committed since it began): what it returns or raises, except that where the
+        reader could not read it raises :class:`StoreUnavailable` (the caller hands the
+        read to the writer)."""
         header = self.header
         if self.seen is not None and (header is None or header[:HEADER] != self.seen):
             self.release()
@@ -109,13 +108,14 @@ class InlineReader:
                 self.seen = b"" if header is None else header[:HEADER]
                 self.conn.execute("BEGIN")
                 self._hold()
-            outcome = read_only(self.backend, fn, self.errors)
+            value = fn(ReadOnly(self.backend))
         except sqlite3.OperationalError as exc:
             self.release()
             raise StoreUnavailable(f"sqlite reader busy: {exc}") from exc
-        if header is None or self.timer is None:
-            self.release()  # nothing tells when to end it, or nothing would end it later
-        return outcome.result()
+        finally:
+            if header is None or self.timer is None:
+                self.release()  # nothing tells when to end it, or nothing would end it later
+        return value
 
     def _hold(self) -> None:
         """End the snapshot at the latest :data:`HOLD` seconds from now (if there is an

@@ -454,7 +454,6 @@ class SqliteStore(Store):
                 conn,
                 SqliteBackend(conn.cursor()),
                 map_header(self.path),
-                (sqlite3.OperationalError,),
             )
         return reader.read(fn)
 
