@@ -28,9 +28,11 @@ HTTP/1.0, ``Expect: 100-continue``, anything malformed — hands that connection
 httptools for good, from that request on (never in the middle of one), so whatever
 is unusual is parsed and answered exactly as before.  Pipelined requests wait until
 the answer before them is written, as uvicorn's pipeline does.  A simple request
-has no task or coroutine of its own: ``App.answer_soon`` calls
-:func:`answer_simple` back — at once when nothing waits (a refusal, a SQLite point
-read), or when its batch committed.
+has no task or coroutine of its own: ``App.answer_soon`` returns its answer when
+nothing waits (a refusal, a SQLite point read), which
+:meth:`DirectHttpToolsProtocol.answer_now` writes there and then, without a cycle
+or a send made for it; otherwise it calls :func:`answer_simple` back when the
+request's batch committed.
 
 Everything else — other paths and methods, a CORS-enabled server (its headers are
 added by a wrapper of ``send``), a request refused for uvicorn's concurrency limit —
