@@ -224,3 +224,79 @@ def test_a_read_that_writes_is_refused_and_writes_nothing(store: SqliteStore, pa
         [outcome] = store.read_many([Job(writes, 0)])
         assert isinstance(outcome.error, RuntimeError)
     assert state(store, "p") == "pending"
+
+
+@on_loop
+async def test_reads_while_a_commit_is_lent_do_not_stop_the_wal_restarting(
+    store: SqliteStore, tmp_path: Path
+) -> None:
+    """The loop answers reads while a batch's COMMIT is lent to the writer thread.  A
+    snapshot held across that COMMIT would hold a mark its checkpoint cannot pass,
+    and the WAL would never restart (62 MB here): while a write transaction is open
+    every read ends its snapshot."""
+    wal = tmp_path / "troth.db-wal"
+    write(store, pending("seed"))
+    blob = b"x" * 40_000
+    for n in range(1000):
+        with store.lock:
+            store.run_open(
+                [Job(lambda tx, n=n: tx.set_promise(pending(f"p{n}", blob)), 0)], nowait=True
+            )
+            assert state(store, "seed") == "pending"  # as the loop does, mid-batch
+            assert not reader(store).conn.in_transaction
+            store.commit()
+        assert state(store, f"p{n}") == "pending"
+        assert reader(store).conn.in_transaction  # held again once committed
+    assert wal.stat().st_size < 12 * 2**20, wal.stat().st_size
+
+
+@on_loop
+async def test_a_database_named_by_a_symbolic_link_reads_the_header_beside_its_file(
+    tmp_path: Path,
+) -> None:
+    """SQLite keeps the -shm beside the file the link names; a stale file beside the
+    link (whose header never changes) must not be the one read."""
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").mkdir()
+    real = tmp_path / "real" / "troth.db"
+    link = tmp_path / "link" / "troth.db"
+    SqliteStore(real).close()
+    link.symlink_to(real)
+    store = SqliteStore(link)
+    try:
+        write(store, pending("p"))
+        assert state(store, "p") == "pending"
+        (tmp_path / "link" / "troth.db-shm").write_bytes(
+            (tmp_path / "real" / "troth.db-shm").read_bytes()
+        )
+        held = reader(store)
+        assert held.header is not None
+        settle_elsewhere(real, "p")
+        assert state(store, "p") == "resolved"
+    finally:
+        store.close()
+
+
+def test_a_timer_of_an_ended_loop_holds_nothing(store: SqliteStore) -> None:
+    """A loop that ended without closing the store leaves a timer that never fires:
+    reads after it (without a loop, or on another loop) must not keep a snapshot
+    that nothing ends."""
+    write(store, pending("p"))
+
+    async def first() -> None:
+        assert state(store, "p") == "pending"
+        assert reader(store).conn.in_transaction
+
+    asyncio.run(first())
+    reader(store).release()
+    assert state(store, "p") == "pending"  # no loop now
+    assert not reader(store).conn.in_transaction
+
+    async def later() -> None:
+        assert state(store, "p") == "pending"
+        held = reader(store)
+        assert held.conn.in_transaction and held.timer_loop is asyncio.get_running_loop()
+        await asyncio.sleep(HOLD * 3)
+        assert not held.conn.in_transaction
+
+    asyncio.run(later())

@@ -16,11 +16,14 @@ the header differs, the snapshot ends and the next read begins a new one. The
 header is mapped read-only and compared as 48 bytes: ~0.1 µs, not a system call.
 
 A held snapshot must not starve checkpoints (a WAL restarts only when no reader
-holds a mark in it), so it is let go:
+holds a mark in it, and a COMMIT's checkpoint copies no further than the oldest
+mark), so it is let go:
 
 * before this process begins a write batch on the event loop
-  (``SqliteStore.begin_nowait``): the writer never finds the loop's snapshot in its
-  way, and under write load a snapshot lives from one batch to the next;
+  (``SqliteStore.begin_nowait``), and after each read while a write transaction of
+  this process is open (a batch, or its COMMIT lent to the writer thread): the
+  COMMIT and its checkpoint never find the loop's snapshot in their way, and under
+  write load a snapshot lives from one COMMIT to the next batch;
 * at the latest :data:`HOLD` seconds after it began (a timer), so another process's
   writer, or this one's on its own thread, waits for it at most that long;
 * after every read when there is no running event loop to end it later.
@@ -87,13 +90,20 @@ class InlineReader:
         conn: sqlite3.Connection,
         backend: SqliteBackend,
         header: mmap.mmap | None,
+        writing: Callable[[], bool],
     ) -> None:
         self.conn = conn
         self.backend = backend
         self.header = header
+        #: Whether this process has a write transaction open (a batch, or its COMMIT
+        #: lent to the writer thread): a snapshot held across it would hold a mark
+        #: that the COMMIT's checkpoint cannot pass, and the WAL would never restart.
+        self.writing = writing
         #: The header when the held snapshot began; None while none is held.
         self.seen: bytes | None = None
         self.timer: asyncio.TimerHandle | None = None
+        #: The loop the timer is on (a timer of a loop that has ended never fires).
+        self.timer_loop: asyncio.AbstractEventLoop | None = None
 
     def read(self, fn: Callable[[ReadOnly], T]) -> T:
         """``fn`` over the held snapshot (begun first if none is, or if something was
@@ -113,24 +123,33 @@ class InlineReader:
             self.release()
             raise StoreUnavailable(f"sqlite reader busy: {exc}") from exc
         finally:
-            if header is None or self.timer is None:
-                self.release()  # nothing tells when to end it, or nothing would end it later
+            if header is None or self.timer is None or self.writing():
+                # Nothing tells when to end it, nothing would end it later, or a write
+                # transaction of this process is open: end it now.
+                self.release()
         return value
 
     def _hold(self) -> None:
-        """End the snapshot at the latest :data:`HOLD` seconds from now (if there is an
-        event loop to do it, and no end is set yet; a header that cannot be read holds
-        nothing)."""
-        if self.timer is not None or self.header is None:
-            return
+        """End the snapshot at the latest :data:`HOLD` seconds from now: a timer on the
+        running loop, unless one is set there already; none without a running loop
+        (or a header to read), and then every read ends its snapshot."""
         try:
-            loop = asyncio.get_running_loop()
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
+            loop = None
+        if self.timer is not None:
+            if self.timer_loop is loop:
+                return
+            if self.timer_loop is not None and not self.timer_loop.is_closed():
+                self.timer.cancel()
+            self.timer = self.timer_loop = None  # its loop has ended: it never fires
+        if loop is None or self.header is None:
             return
         self.timer = loop.call_later(HOLD, self._expired)
+        self.timer_loop = loop
 
     def _expired(self) -> None:
-        self.timer = None
+        self.timer = self.timer_loop = None
         self.release()
 
     def release(self) -> None:
@@ -146,8 +165,9 @@ class InlineReader:
 
     def close(self) -> None:
         if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+            if self.timer_loop is not None and not self.timer_loop.is_closed():
+                self.timer.cancel()
+            self.timer = self.timer_loop = None
         self.release()
         if self.header is not None:
             self.header.close()  # before the connection: see map_header

@@ -335,6 +335,10 @@ class SqliteStore(Store):
         self._reader_lock = threading.Lock()
         #: The event loop's reader (``read_inline``), opened on first use.
         self._inline: InlineReader | None = None
+        #: Whether a write transaction is open on :attr:`conn` (from ``BEGIN
+        #: IMMEDIATE`` until its COMMIT or ROLLBACK returned, whichever thread runs
+        #: it): the event loop's reader holds no snapshot across one.
+        self.writing = False
         #: The reader threads' connections (``read_many``), one per thread, by thread id.
         self._pooled: dict[int, sqlite3.Connection] = {}
         self._pooled_lock = threading.Lock()
@@ -350,7 +354,12 @@ class SqliteStore(Store):
             # Only reachable if a previous batch died between begin and commit/rollback;
             # nothing of it was acknowledged, so dropping it is the right thing.
             self.conn.execute("ROLLBACK")
-        self.conn.execute("BEGIN IMMEDIATE")
+        self.writing = True
+        try:
+            self.conn.execute("BEGIN IMMEDIATE")
+        except BaseException:
+            self.writing = False
+            raise
         assert self.backend.known is not None
         self.backend.known.clear()
         return self.backend
@@ -371,7 +380,10 @@ class SqliteStore(Store):
             self.conn.execute(f"PRAGMA busy_timeout = {BUSY_MS}")
 
     def commit(self) -> None:
-        self.conn.execute("COMMIT")
+        try:
+            self.conn.execute("COMMIT")
+        finally:
+            self.writing = self.conn.in_transaction
 
     def rollback(self) -> None:
         """Best effort: never raises, so the error that caused it is what callers see.
@@ -385,6 +397,7 @@ class SqliteStore(Store):
                 self.conn.execute("ROLLBACK")
         except sqlite3.Error:
             pass
+        self.writing = False
 
     def savepoint(self) -> None:
         self.conn.execute(f"SAVEPOINT {_SAVEPOINT}")
@@ -448,14 +461,22 @@ class SqliteStore(Store):
         writer instead of blocking the loop."""
         reader = self._inline
         if reader is None:
-            conn = self._open_reader(busy_ms=0)
-            conn.execute("SELECT 1 FROM sqlite_schema LIMIT 1").fetchall()  # maps the -shm
-            reader = self._inline = InlineReader(
-                conn,
-                SqliteBackend(conn.cursor()),
-                map_header(self.path),
-            )
+            reader = self._inline = self._open_inline()
         return reader.read(fn)
+
+    def _open_inline(self) -> InlineReader:
+        conn = self._open_reader(busy_ms=0)
+        try:
+            conn.execute("SELECT 1 FROM sqlite_schema LIMIT 1").fetchall()  # maps the -shm
+        except sqlite3.OperationalError as exc:
+            conn.close()
+            raise StoreUnavailable(f"sqlite reader busy: {exc}") from exc
+        # SQLite keeps the -shm beside the file a symbolic link names.
+        header = map_header(os.path.realpath(self.path))
+        return InlineReader(conn, SqliteBackend(conn.cursor()), header, self._writing)
+
+    def _writing(self) -> bool:
+        return self.writing
 
     def read_many(self, jobs: Sequence[Job[Any]]) -> list[Outcome[Any]]:
         """On the calling reader thread's own connection (searches: they may step
