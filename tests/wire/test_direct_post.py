@@ -405,3 +405,25 @@ def test_a_json_head_made_once_is_the_head_made_per_answer() -> None:
             for body in (b"", b"{}", json.dumps({"x": "y" * 1000}).encode()):
                 made = heads.answer(status, defaults, body)
                 assert made == response(status, defaults, json_headers(body), True, body)
+
+
+def test_an_answer_that_does_not_encode_is_a_500(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """An answer ready at once (a point read) whose encoding raises (a bug) is
+    answered 500 with ``connection: close``, as any failure outside the envelope."""
+    import troth.server.direct as direct
+
+    settings = replace(SETTINGS, store="sqlite", db=str(tmp_path / "t.db"))
+    with running_server(settings) as rs:
+
+        def broken(*_: Any) -> bytes:
+            raise RuntimeError("bug (test)")
+
+        monkeypatch.setattr(direct, "encode_response", broken)
+        with socket.create_connection(("127.0.0.1", port_of(rs)), timeout=10) as sock:
+            sock.sendall(post(get("g", "missing")))
+            [(status, headers, body)] = read_responses(sock, 1)
+            assert status == "HTTP/1.1 500 Internal Server Error"
+            assert headers.get("connection") == "close" and body == b"Internal Server Error"
+            assert sock.recv(1) == b""

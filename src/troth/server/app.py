@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, get_args
 
 import msgspec
 
@@ -79,8 +79,9 @@ def log_grant(kind: str, corr: str, response: Response) -> None:
 #: Requests whose answer says something of a task's worker (``App.worker_reported``).
 _WorkerReport = rq.TaskSuspend | rq.TaskFulfill | rq.TaskFence | rq.TaskHeartbeat
 #: The same kinds as types, and those whose 200 grants a lease: a set lookup per
-#: answer, not an ``isinstance`` over a union (made anew each time for ``A | B``).
-_REPORTS = frozenset((rq.TaskSuspend, rq.TaskFulfill, rq.TaskFence, rq.TaskHeartbeat))
+#: answer (~70 ns), not an ``isinstance`` over a union (~470 ns, and ``A | B`` in
+#: the call made the union anew each time).
+_REPORTS = frozenset(get_args(_WorkerReport))
 _GRANTS = frozenset((rq.TaskAcquire, rq.TaskCreate))
 
 

@@ -436,18 +436,17 @@ class DirectHttpToolsProtocol(GuardedHttpToolsProtocol):
     def answer_now(self, troth: App, answer: Answer, keep_alive: bool, started: float) -> None:
         """Write an answer that was ready at once (a point read, a refusal): what
         :func:`answer_simple`, :meth:`DirectSend.now` and :meth:`simple_answered`
-        do, without a cycle and a send made for it.  A peer that does not read takes
-        :func:`answer_simple`, which waits for the buffer to drain."""
-        if self.flow.write_paused:
-            cycle = self.answering = SimpleCycle(self, keep_alive)
-            answer_simple(troth, cycle, started, answer)
-            return
+        do, without a cycle and a send made for it.  A peer that does not read, or an
+        answer that does not encode, takes :func:`answer_simple` (which waits for the
+        buffer to drain, or answers 500)."""
         kind, corr, status, data = answer
         try:
-            body = encode_response(kind, corr, status, data)
-        except Exception as exc:
+            body = None if self.flow.write_paused else encode_response(kind, corr, status, data)
+        except Exception:
+            body = None  # answer_simple meets the same error, and answers 500
+        if body is None:
             cycle = self.answering = SimpleCycle(self, keep_alive)
-            failed(cycle, DirectSend(cycle), exc)
+            answer_simple(troth, cycle, started, answer)
             return
         defaults = self.server_state.default_headers
         if keep_alive:

@@ -40,7 +40,7 @@ import os
 import sqlite3
 import struct
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Final, TypeVar
+from typing import TYPE_CHECKING, Final, Protocol, TypeVar
 
 from troth.store.base import ReadOnly, StoreUnavailable
 
@@ -82,6 +82,15 @@ def map_header(db_path: str) -> mmap.mmap | None:
     return header
 
 
+class Writer(Protocol):
+    """What the reader asks of its store."""
+
+    #: Whether this process has a write transaction open (a batch, or its COMMIT
+    #: lent to the writer thread): a snapshot held across it would hold a mark that
+    #: the COMMIT's checkpoint cannot pass, and the WAL would never restart.
+    writing: bool
+
+
 class InlineReader:
     """One reader connection on the event loop, with its held snapshot."""
 
@@ -90,15 +99,12 @@ class InlineReader:
         conn: sqlite3.Connection,
         backend: SqliteBackend,
         header: mmap.mmap | None,
-        writing: Callable[[], bool],
+        store: Writer,
     ) -> None:
         self.conn = conn
         self.backend = backend
         self.header = header
-        #: Whether this process has a write transaction open (a batch, or its COMMIT
-        #: lent to the writer thread): a snapshot held across it would hold a mark
-        #: that the COMMIT's checkpoint cannot pass, and the WAL would never restart.
-        self.writing = writing
+        self.store = store
         #: The header when the held snapshot began; None while none is held.
         self.seen: bytes | None = None
         self.timer: asyncio.TimerHandle | None = None
@@ -123,7 +129,7 @@ class InlineReader:
             self.release()
             raise StoreUnavailable(f"sqlite reader busy: {exc}") from exc
         finally:
-            if header is None or self.timer is None or self.writing():
+            if header is None or self.timer is None or self.store.writing:
                 # Nothing tells when to end it, nothing would end it later, or a write
                 # transaction of this process is open: end it now.
                 self.release()

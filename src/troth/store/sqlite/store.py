@@ -337,7 +337,9 @@ class SqliteStore(Store):
         self._inline: InlineReader | None = None
         #: Whether a write transaction is open on :attr:`conn` (from ``BEGIN
         #: IMMEDIATE`` until its COMMIT or ROLLBACK returned, whichever thread runs
-        #: it): the event loop's reader holds no snapshot across one.
+        #: it): the event loop's reader holds no snapshot across one.  Not
+        #: ``conn.in_transaction``: SQLite ends that as a COMMIT starts, and the
+        #: COMMIT's checkpoint, which a held snapshot would stop short, runs after.
         self.writing = False
         #: The reader threads' connections (``read_many``), one per thread, by thread id.
         self._pooled: dict[int, sqlite3.Connection] = {}
@@ -473,10 +475,7 @@ class SqliteStore(Store):
             raise StoreUnavailable(f"sqlite reader busy: {exc}") from exc
         # SQLite keeps the -shm beside the file a symbolic link names.
         header = map_header(os.path.realpath(self.path))
-        return InlineReader(conn, SqliteBackend(conn.cursor()), header, self._writing)
-
-    def _writing(self) -> bool:
-        return self.writing
+        return InlineReader(conn, SqliteBackend(conn.cursor()), header, self)
 
     def read_many(self, jobs: Sequence[Job[Any]]) -> list[Outcome[Any]]:
         """On the calling reader thread's own connection (searches: they may step
