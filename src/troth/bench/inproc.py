@@ -6,7 +6,7 @@ measures) in batches of 64, and prints the CPU microseconds per request.  On a
 machine whose speed drifts (a shared VM), compare two trees by instructions
 instead, which do not drift: run it under ``valgrind --tool=callgrind`` at two
 sizes and divide the difference of the totals by the difference of the requests
-(docs/benchmarks.md, "Store and machine per request").
+(docs/performance-notes.md, "Measuring a change").
 """
 
 from __future__ import annotations

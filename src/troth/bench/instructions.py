@@ -14,7 +14,7 @@ Why: on a shared two-CPU VM, requests/s and CPU seconds move by tens of percent 
 the neighbours, far more than a change to the request path.  Instructions do not
 move with them (caches and the GIL's hand-offs aside: valgrind runs one thread at a
 time, so batches differ from a native run, and the figure is a measure of work, not
-of time).  docs/benchmarks.md, "The whole request in instructions".
+of time).  docs/performance-notes.md, "Measuring a change".
 """
 
 from __future__ import annotations

@@ -152,8 +152,8 @@ def task_fence(tx: Tx, req: rq.TaskFence, now: int, head: dict[str, object]) -> 
     # ``preload`` is empty, as both published SDKs' own in-process servers answer a
     # fence: the worker already holds every sibling (from the acquire's preload or
     # its own fences), and listing the branch on every fence made a workflow of N
-    # sequential steps read, encode and send O(N²) promises (docs/benchmarks.md,
-    # "SDK step latency").
+    # sequential steps read, encode and send O(N²) promises (docs/performance-notes.md,
+    # "SDK workflows").
     return Response(
         200,
         {

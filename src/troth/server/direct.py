@@ -5,7 +5,7 @@ with two headers.  uvicorn answers any ASGI response generically: per response i
 checks every header against two regular expressions, lower-cases and inspects each,
 builds the head in a list and writes head and body in two ``transport.write`` calls
 (two ``send`` syscalls).  That was a third of the event loop's time under load
-(docs/benchmarks.md, "Profile").
+(docs/performance-notes.md, "POST / without ASGI").
 
 So for ``POST /`` the protocol (:class:`DirectHttpToolsProtocol`) still parses the
 request with uvicorn's httptools protocol (keep-alive, pipelining, flow control, body

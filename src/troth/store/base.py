@@ -429,7 +429,7 @@ class Store(ABC):
     #: job's writes, or (False) by rolling the whole batch back and running it again
     #: without that job.  Re-running costs a batch once per such failure (a bug or
     #: a full disk: rare); a savepoint costs two statements for every job of every
-    #: batch (SQLite: ~15 % of the writer, docs/benchmarks.md).
+    #: batch (SQLite: ~15 % of the writer, docs/performance-notes.md).
     savepoints: bool = True
 
     #: Whether the engine may run batches on the event loop's thread and only their
@@ -437,7 +437,7 @@ class Store(ABC):
     #: in-process SQL, on the GIL whichever thread runs it; run on the writer thread
     #: it hands the GIL back and forth with the event loop at every statement (SQLite
     #: lets go of it for each step), which cost a fifth of the server's CPU in
-    #: context switches (docs/benchmarks.md).  Only the fsync in COMMIT waits.
+    #: context switches (docs/performance-notes.md).  Only the fsync in COMMIT waits.
     loop_batches: bool = False
 
     def execute(self, jobs: Sequence[Job[Any]]) -> list[Outcome[Any]]:

@@ -45,7 +45,7 @@ class Connection:
     :meth:`offer`, the peer's disconnect and the node's shutdown resolve
     (:meth:`wake`), with one timer for the keep-alive: measured, a task per
     message plus ``asyncio.wait`` on three awaitables cost ~9 µs of the event
-    loop per message more (docs/benchmarks.md, thirteenth session)."""
+    loop per message more (docs/performance-notes.md, "The SSE writer")."""
 
     group: str
     id: str

@@ -326,7 +326,7 @@ class PostgresBackend(Backend):
         writes; None, taking nothing, when a claim right after writing them would not
         take exactly them (:func:`_claimable`).  It saves the claim's update of every
         row it just inserted: a statement on the batch's path, and a dead row
-        version each (docs/benchmarks.md, "Messages inserted claimed")."""
+        version each (docs/performance-notes.md, "Messages inserted claimed")."""
         rows = list(self.pending_messages.values())
         if not rows or not _claimable(rows, claim, reach):
             return None
@@ -396,7 +396,7 @@ class PostgresBackend(Backend):
         Read one by one, each would be a round trip in the middle of a job; a batch
         that settles the children of a fan-out paid two (the parent's promise, its
         task) per child, a timer pass one per due promise or task
-        (docs/benchmarks.md).  Read together, under the usual ``lock_timeout`` — as
+        (docs/performance-notes.md).  Read together, under the usual ``lock_timeout`` — as
         the point reads they replace were (after a due list, in the same order: the
         due row, then the other) — they cost one round trip, and none when every
         row is held."""

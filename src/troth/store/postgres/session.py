@@ -94,7 +94,7 @@ class TextArray(list[Any]):
     ``str``, ``int`` (sent as decimal text, which the statement casts to NUMERIC) or
     None.  Its own dumper (:class:`TextArrayDumper`) knows the item type up front,
     where psycopg's list dumper looks at the items first: measured, 11 columns of 31
-    rows dump in 56–100 µs instead of 140–220 (docs/benchmarks.md)."""
+    rows dump in 56–100 µs instead of 140–220 (docs/performance-notes.md)."""
 
 
 class TextArrayDumper(Dumper):

@@ -268,7 +268,7 @@ class PostgresStore(Session, Store):
         """What to claim in this batch's transaction: where it wrote messages and the
         delivery asks (``Store.claim_in_batch``).  The claim's own round trip and
         transaction after the commit are saved, and the writer starts the next batch
-        sooner (docs/benchmarks.md, "The claim in the batch")."""
+        sooner (docs/performance-notes.md, "The claim in the batch")."""
         ask = self.claim_in_batch
         if ask is None or not any(o.messages for o in outcomes):
             return None

@@ -4,7 +4,7 @@ Why: psycopg's cursor and pipeline machinery cost the writer thread far more tha
 the statements themselves.  A prefetch-like pipeline (``BEGIN``, two ``SET LOCAL``,
 a locked read of 20 ids, two ``SET LOCAL``, ``COMMIT``) takes ~255 µs of the
 calling thread's CPU through cursors in a ``conn.pipeline()`` block, and ~52 µs
-sent here (docs/benchmarks.md, "Statements under psycopg's cursor layer").  A
+sent here (docs/performance-notes.md, "Statements under psycopg's cursor layer").  A
 node is bound by the CPU of its one process (event loop and writer under one
 GIL), so what the writer saves, the node can spend on requests.
 
