@@ -58,10 +58,14 @@ def open_schema(store: str, *, db: str, postgres_url: str) -> Iterator[Schema]:
     A SQLite file that does not exist is not created here: it reads as version 0."""
     if store == "postgres":
         import psycopg
+        from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
         from troth.store.postgres.migrate import PgSchema
 
-        with psycopg.connect(postgres_url, connect_timeout=10) as conn:
+        params = conninfo_to_dict(postgres_url)
+        params.setdefault("connect_timeout", 10)
+        params.setdefault("application_name", "troth-migrate")
+        with psycopg.connect(make_conninfo("", **params)) as conn:
             try:
                 yield PgSchema(conn)
             finally:
