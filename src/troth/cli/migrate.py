@@ -45,7 +45,12 @@ def run_migrate(args: argparse.Namespace) -> int:
 
     try:
         settings = load(
-            {"store": args.store, "db": args.db, "postgres_url": args.postgres_url},
+            {
+                # --postgres-url alone means PostgreSQL (the setting's default is SQLite).
+                "store": args.store or ("postgres" if args.postgres_url else None),
+                "db": args.db,
+                "postgres_url": args.postgres_url,
+            },
             toml_path=args.config,
         )
     except ConfigError as exc:
