@@ -33,12 +33,17 @@ _corr = itertools.count(1)
 
 
 def has_commit(commit: str) -> bool:
-    """Whether this clone holds ``commit`` (a shallow clone may not)."""
-    found = subprocess.run(
-        ["git", "-C", str(REPO), "cat-file", "-e", f"{commit}^{{commit}}"],
-        capture_output=True,
-        check=False,
-    )
+    """Whether this clone holds ``commit`` (a shallow clone, or a tree without git,
+    may not)."""
+    try:
+        found = subprocess.run(
+            ["git", "-C", str(REPO), "cat-file", "-e", f"{commit}^{{commit}}"],
+            capture_output=True,
+            check=False,
+            timeout=30,
+        )
+    except OSError:
+        return False
     return found.returncode == 0
 
 

@@ -33,7 +33,8 @@ from troth.store.migrate import load_migrations
 LATEST = len(load_migrations("troth.store.postgres"))
 FAR = 2**53
 
-#: (commit, its PostgreSQL schema version, what it is)
+#: (commit, its PostgreSQL schema version, what it is).  When a release is made, its
+#: commit joins this list: the next release is then tested against it.
 RELEASES = [
     ("928b4c1", 5, "release 0.1.0, the previous release"),
     ("1f3533e", 2, "an older build that wrote promises without origin"),
@@ -150,8 +151,8 @@ def test_a_rolling_upgrade_under_a_live_older_node_loses_no_row(
 ) -> None:
     if commit not in releases:
         pytest.skip(
-            f"this clone lacks commit {commit} ({what}): clone the full history "
-            "(git fetch --unshallow) to run the previous release beside this one"
+            f"this checkout lacks commit {commit} ({what}): run from a git clone with its "
+            "full history (git fetch --unshallow) to run that release beside this one"
         )
     url = nodes.enter_context(pg.throwaway_database("troth_upgrade"))
     old = Node(releases[commit], "old-1", url, tmp_path)
