@@ -1,5 +1,6 @@
 """``troth serve``, ``troth dev``, ``troth bench``, ``troth token`` (``cli/token.py``),
-``troth backup`` and ``troth migrate-store`` (``cli/storage.py``), and the client
+``troth backup`` and ``troth migrate-store`` (``cli/storage.py``), ``troth migrate``
+(``cli/migrate.py``), and the client
 commands (``troth promises|tasks|schedules …``, ``troth invoke``: ``cli/client.py``).
 
 ``serve`` runs the server on the configured store (SQLite file ``troth.db`` by
