@@ -21,6 +21,7 @@ from helpers.browser import checked_page, chromium, require_chromium
 from helpers.pg import throwaway_database
 from helpers.sdk_env import Procs, build_python_sdk, children_of_test
 from helpers.troth_process import LoggedServer
+from troth import __version__
 
 require_chromium()
 playwright_api = pytest.importorskip("playwright.sync_api")
@@ -88,6 +89,7 @@ def test_two_nodes_with_heartbeats_and_workers_on_their_nodes(
             row = nodes_table.locator("tr", has_text=node.url)
             expect(row).to_contain_text(node.name)
             expect(row).to_contain_text("ago")  # its heartbeat, relative and absolute
+            expect(row).to_contain_text(__version__)  # its release, beside its schema
             expect(row.locator("td").last).to_have_text("yes")
         page.shot("overview-cluster", 'section:has(h2:text("Workers and nodes"))')
         # The other node's dashboard shows the same cluster: the workers on their nodes.

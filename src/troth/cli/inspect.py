@@ -66,14 +66,16 @@ def show_workers(remote: Remote, r: Renderer) -> None:
     else:
         print("no worker has connected", file=r.out)
     nodes = answer.get("nodes") or []
-    if len(nodes) > 1 or any(not n["alive"] for n in nodes):
+    if nodes:
         print(file=r.out)
         table(
-            ["NODE", "URL", "STARTED", "HEARTBEAT", "ALIVE"],
+            ["NODE", "URL", "RELEASE", "SCHEMA", "STARTED", "HEARTBEAT", "ALIVE"],
             [
                 [
                     n["node"],
                     n["url"],
+                    n.get("release") or "older",
+                    str(n.get("schema") or "-"),
                     relative(n["startedAt"], now),
                     relative(n["seenAt"], now),
                     "yes" if n["alive"] else "no",

@@ -1,5 +1,6 @@
 """``troth serve``, ``troth dev``, ``troth bench``, ``troth token`` (``cli/token.py``),
-``troth backup`` and ``troth migrate-store`` (``cli/storage.py``), and the client
+``troth backup`` and ``troth migrate-store`` (``cli/storage.py``), ``troth migrate``
+(``cli/migrate.py``), and the client
 commands (``troth promises|tasks|schedules …``, ``troth invoke``: ``cli/client.py``).
 
 ``serve`` runs the server on the configured store (SQLite file ``troth.db`` by
@@ -16,6 +17,7 @@ from typing import Any
 from troth import __version__
 from troth.bench.options import add_bench_flags
 from troth.cli.client import add_client_commands, run_client
+from troth.cli.migrate import add_migrate_command, run_migrate
 from troth.cli.storage import add_storage_commands, run_storage
 from troth.cli.token import add_token_command, run_token
 from troth.server.config import ConfigError, Settings, load
@@ -154,11 +156,14 @@ def main(argv: list[str] | None = None) -> int:
     add_client_commands(sub)
     add_token_command(sub)
     add_storage_commands(sub)
+    add_migrate_command(sub)
     args = parser.parse_args(argv)
     if args.command == "token":
         return run_token(args)
     if args.command in ("backup", "migrate-store"):
         return run_storage(args)
+    if args.command == "migrate":
+        return run_migrate(args)
     if getattr(args, "build", None) is not None:
         return run_client(args)
     if args.command == "bench":

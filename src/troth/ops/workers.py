@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from troth import __version__
 from troth.transport.poll import Registry
 
 
@@ -30,6 +31,10 @@ class NodeInfo:
     started_at: int
     seen_at: int
     alive: bool
+    #: The troth release and schema version the node runs; None for a node of a
+    #: release that did not record them.
+    release: str | None = None
+    schema: int | None = None
 
 
 @dataclass
@@ -65,10 +70,17 @@ class ClusterView:
         return [c for c in self.connections if c.pid == pid and c.node not in dead]
 
 
-def local_view(registry: Registry, node: str, url: str, started_at: int, now: int) -> ClusterView:
+def local_view(
+    registry: Registry,
+    node: str,
+    url: str,
+    started_at: int,
+    now: int,
+    schema: int | None = None,
+) -> ClusterView:
     """One node's view from its registry."""
     return ClusterView(
-        nodes=[NodeInfo(node, url, started_at, now, True)],
+        nodes=[NodeInfo(node, url, started_at, now, True, release=__version__, schema=schema)],
         connections=[
             WorkerInfo(c.group, c.id, node, c.since)
             for members in registry.groups.values()

@@ -44,12 +44,15 @@ from typing import Any, Final
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from troth import __version__
 from troth.ops.workers import ClusterView, NodeInfo, WorkerInfo
 from troth.outbox import codes
 from troth.server.delivery import DeliveryLoop
 from troth.server.engine import Engine
 from troth.server.waiting import wait_event
+from troth.store.migrate import load_migrations
 from troth.store.postgres import CHANNEL, PostgresStore, Routing
+from troth.store.postgres.migrate import PACKAGE
 from troth.store.queries import load_queries
 from troth.transport.poll import Registry
 
@@ -110,7 +113,7 @@ class Cluster:
         """Register, route claims through this node's reach, start listening."""
         async with self._lock:
             conn = await self._writer()
-            await conn.execute(_Q["node_register"], (self.node, self.url))
+            await conn.execute(_Q["node_register"], self._registration())
             await conn.execute(_Q["connections_forget"], (self.node,))
         self.store.outbox.routing = Routing(
             self.node, round(self.node_timeout * 1000), lambda: self._reach
@@ -148,6 +151,11 @@ class Cluster:
             except (psycopg.Error, OSError) as exc:
                 log.warning("could not deregister node %s: %s", self.node, exc)
             await self._close_writer()
+
+    def _registration(self) -> tuple[str, str, str, int]:
+        """The ``nodes`` row's values: this node's release and schema beside its name,
+        so that an operator sees which nodes still run an older troth."""
+        return (self.node, self.url, __version__, len(load_migrations(PACKAGE)))
 
     # -- presence ---------------------------------------------------------------------
 
@@ -238,7 +246,7 @@ class Cluster:
                 # Peers took this node for dead and removed it (and its connections):
                 # register again and republish everything.
                 log.warning("node %s was presumed dead by a peer; re-registering", self.node)
-                await conn.execute(_Q["node_register"], (self.node, self.url))
+                await conn.execute(_Q["node_register"], self._registration())
                 self._published = set()
                 self._dirty.set()
 
@@ -274,7 +282,13 @@ class Cluster:
         return ClusterView(
             nodes=[
                 NodeInfo(
-                    str(r[0]), str(r[1]), int(r[2]), int(r[3]), int(r[4]) - int(r[3]) <= timeout
+                    str(r[0]),
+                    str(r[1]),
+                    int(r[2]),
+                    int(r[3]),
+                    int(r[4]) - int(r[3]) <= timeout,
+                    release=r[5],
+                    schema=r[6],
                 )
                 for r in nodes
             ],

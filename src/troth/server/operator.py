@@ -81,6 +81,9 @@ class OperatorApi:
         self.node = node
         self.url = url
         self.started_at = clock()
+        # The schema this node serves (one read at start; a memory store has none).
+        read_schema = getattr(store, "schema_version", None)
+        self.schema: int | None = read_schema() if callable(read_schema) else None
         #: Several nodes: ``Cluster.view`` (an awaitable ClusterView).
         self.cluster_view = cluster_view
         #: This node's NATS connection in a word (``ClusterView.nats``), for explain.
@@ -116,7 +119,7 @@ class OperatorApi:
             view: ClusterView = await self.cluster_view()
         else:
             now = self.clock()
-            view = local_view(self.registry, self.node, self.url, self.started_at, now)
+            view = local_view(self.registry, self.node, self.url, self.started_at, now, self.schema)
         view.nats = self.nats_state()
         return view
 
@@ -209,6 +212,8 @@ class OperatorApi:
                     "startedAt": n.started_at,
                     "seenAt": n.seen_at,
                     "alive": n.alive,
+                    "release": n.release,
+                    "schema": n.schema,
                 }
                 for n in view.nodes
             ],

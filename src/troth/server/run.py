@@ -191,11 +191,37 @@ def serve(settings: Settings) -> int:
         print(f"troth: {exc}", file=sys.stderr)
         return 2
     announce_auth(settings, auth, logging.getLogger("troth"))
+    refused = prepare_schema(settings)
+    if refused is not None:
+        return refused
     if settings.workers > 1:
         from troth.server.workers import supervise
 
         return supervise(settings)
     return serve_on(settings, None)
+
+
+def prepare_schema(settings: Settings) -> int | None:
+    """Refuse a database this troth may not serve as it is — a newer or unknown
+    schema, or one due a migration while other nodes are alive — with one line and
+    exit status ``EXIT_SCHEMA`` (4); else migrate it (PostgreSQL) and return None."""
+    if settings.store == "memory":
+        return None
+    from troth.store.migrate import SchemaError
+    from troth.store.upgrade import EXIT_SCHEMA, prepare
+
+    try:
+        prepare(
+            settings.store,
+            db=settings.db,
+            postgres_url=settings.postgres_url,
+            node_timeout=settings.node_timeout,
+            node=settings.node_id or None,
+        )
+    except SchemaError as exc:
+        print(f"troth: {exc}", file=sys.stderr)
+        return EXIT_SCHEMA
+    return None
 
 
 def serve_on(settings: Settings, sock: socket.socket | None) -> int:

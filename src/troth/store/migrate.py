@@ -13,7 +13,16 @@ the lock, then sees the new version and skips.  A failing migration leaves the
 database at the previous version (DDL is transactional on both).
 
 A database whose version is newer than this code knows is refused before anything
-is written to it: an older server must not guess at a schema it has never seen.
+is written to it: an older server must not guess at a schema it has never seen.  So
+is one whose recorded migrations are not this code's (another build's version 5 is
+not this one's).
+
+Rolling upgrades (docs/operations.md, "Upgrades"): every migration is expand-only,
+and what a newer schema derives from a row the database derives itself (triggers,
+defaults), so a node of the previous release keeps writing correct rows under the
+new schema.  Still, a server does not migrate on its own while other nodes'
+heartbeats are alive (``live_within_ms``): it names them and leaves the step to the
+operator (``troth migrate apply``), who knows which releases those nodes run.
 """
 
 from __future__ import annotations
@@ -23,7 +32,7 @@ import re
 import time
 from dataclasses import dataclass
 from importlib import resources
-from typing import Protocol
+from typing import Protocol, TypedDict
 
 _FILE_NAME = re.compile(r"^(\d{3})_([a-z0-9_]+)\.sql$")
 
@@ -42,6 +51,44 @@ class SchemaTooNew(SchemaError):
         )
         self.found = found
         self.known = known
+
+
+class SchemaUnknown(SchemaError):
+    """The database records migrations this code does not have under those numbers."""
+
+    def __init__(self, version: int, found: str, expected: str) -> None:
+        super().__init__(
+            f"database schema version {version} is {found!r}, which this troth does not "
+            f"know (its version {version} is {expected!r}); refusing to open it"
+        )
+
+
+class LiveNode(TypedDict):
+    """A row of ``nodes`` whose heartbeat is recent (PostgreSQL)."""
+
+    node: str
+    url: str
+    release: str | None
+    schema: int | None
+
+
+class OlderNodesAlive(SchemaError):
+    """A server would migrate while other nodes are alive; it leaves that to the
+    operator rather than change the schema under them unasked."""
+
+    def __init__(self, found: int, known: int, nodes: list[LiveNode]) -> None:
+        names = ", ".join(
+            f"{n['node']} ({n['url']}, release {n['release'] or 'older'}, "
+            f"schema {n['schema'] or f'<= {found}'})"
+            for n in nodes
+        )
+        super().__init__(
+            f"database schema version {found} needs migrating to {known}, and other nodes "
+            f"are alive: {names}; not migrating under them unasked. Run `troth migrate "
+            "apply` (safe while they run: migrations are expand-only), or stop them first, "
+            "then start this node again"
+        )
+        self.nodes = nodes
 
 
 @dataclass(frozen=True)
@@ -82,6 +129,13 @@ class Schema(Protocol):
     def stored_version(self) -> int:
         """The database's schema version; 0 when it has none (a fresh database)."""
 
+    def stored_names(self) -> dict[int, str]:
+        """Version to name of every recorded migration (empty for a fresh database)."""
+
+    def live_nodes(self, within_ms: int) -> list[LiveNode]:
+        """Nodes whose heartbeat is younger than ``within_ms`` (none where the dialect
+        has no ``nodes`` table)."""
+
     def begin_exclusive(self) -> None:
         """Open a transaction that excludes every other migrator until it ends, and
         make sure ``schema_version`` exists."""
@@ -101,7 +155,8 @@ def latest_version(schema: Schema) -> int:
 
 
 def check_version(schema: Schema) -> int:
-    """Read the stored version and refuse one newer than this code knows.
+    """Read the stored version and refuse one newer than this code knows, or one whose
+    recorded migrations are not this code's.
 
     Only reads, so it can run before anything (even SQLite's ``journal_mode``) is
     changed."""
@@ -109,11 +164,27 @@ def check_version(schema: Schema) -> int:
     known = latest_version(schema)
     if found > known:
         raise SchemaTooNew(found, known)
+    if found:
+        names = schema.stored_names()
+        for migration in load_migrations(schema.package)[:found]:
+            recorded = names.get(migration.version, "(missing)")
+            if recorded != migration.name:
+                raise SchemaUnknown(migration.version, recorded, migration.name)
     return found
 
 
-def migrate(schema: Schema) -> int:
-    """Apply every migration newer than the stored version; return the final version."""
+def pending(schema: Schema) -> list[Migration]:
+    """The migrations :func:`migrate` would apply now, in order (checks the version)."""
+    found = check_version(schema)
+    return [m for m in load_migrations(schema.package) if m.version > found]
+
+
+def migrate(schema: Schema, *, live_within_ms: int | None = None, node: str | None = None) -> int:
+    """Apply every migration newer than the stored version; return the final version.
+
+    With ``live_within_ms``, refuse (:class:`OlderNodesAlive`) when a migration is due
+    and a node other than ``node`` heartbeated within that many ms: what a server
+    does on its own.  Without it, migrate regardless (``troth migrate apply``)."""
     found = check_version(schema)
     if found == latest_version(schema):
         return found  # the common case: no lock taken at all
@@ -123,6 +194,11 @@ def migrate(schema: Schema) -> int:
         schema.begin_exclusive()
         try:
             found = check_version(schema)
+            if found < migration.version and live_within_ms is not None:
+                others = [n for n in schema.live_nodes(live_within_ms) if n["node"] != node]
+                if others:
+                    raise OlderNodesAlive(found, latest_version(schema), others)
+                live_within_ms = None  # checked once, before the first migration
             if found < migration.version:
                 schema.apply(migration, time.time_ns() // 1_000_000)
                 found = migration.version

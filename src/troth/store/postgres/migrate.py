@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from troth.store.migrate import Migration
+from troth.store.migrate import LiveNode, Migration
 from troth.store.postgres.session import Conn
 
 PACKAGE: Final = "troth.store.postgres"
@@ -31,11 +31,38 @@ class PgSchema:
         self.conn = conn
 
     def stored_version(self) -> int:
-        exists = self.conn.execute("SELECT to_regclass('schema_version') IS NOT NULL").fetchone()
-        if exists is None or not exists[0]:
+        if not self._has("schema_version"):
             return 0
         row = self.conn.execute("SELECT max(version) FROM schema_version").fetchone()
         return int(row[0]) if row is not None and row[0] is not None else 0
+
+    def stored_names(self) -> dict[int, str]:
+        rows = self.conn.execute("SELECT version, name FROM schema_version").fetchall()
+        return {int(r[0]): str(r[1]) for r in rows}
+
+    def live_nodes(self, within_ms: int) -> list[LiveNode]:
+        """Read as ``to_jsonb`` rows: the columns a node of an older release left
+        out (``release``, ``schema_version``) are simply absent."""
+        if not self._has("nodes"):
+            return []
+        rows = self.conn.execute(
+            "SELECT to_jsonb(n) FROM nodes n WHERE seen_at >= "
+            "extract(epoch FROM clock_timestamp()) * 1000 - %s ORDER BY node",
+            (within_ms,),
+        ).fetchall()
+        return [
+            LiveNode(
+                node=str(r[0]["node"]),
+                url=str(r[0]["url"]),
+                release=r[0].get("release"),
+                schema=r[0].get("schema_version"),
+            )
+            for r in rows
+        ]
+
+    def _has(self, table: str) -> bool:
+        row = self.conn.execute("SELECT to_regclass(%s) IS NOT NULL", (table,)).fetchone()
+        return bool(row and row[0])
 
     def begin_exclusive(self) -> None:
         self.conn.rollback()  # whatever the version check left open

@@ -294,10 +294,11 @@ SELECT id FROM schedules WHERE id = ANY(%b) ORDER BY id FOR UPDATE
 
 -- Membership of several nodes (server/cluster.py), on the database's clock.
 -- name: node_register
-INSERT INTO nodes (node, url, started_at, seen_at)
+INSERT INTO nodes (node, url, started_at, seen_at, release, schema_version)
     VALUES (%s, %s, extract(epoch FROM clock_timestamp()) * 1000,
-            extract(epoch FROM clock_timestamp()) * 1000)
-    ON CONFLICT (node) DO UPDATE SET url = excluded.url, seen_at = excluded.seen_at
+            extract(epoch FROM clock_timestamp()) * 1000, %s, %s)
+    ON CONFLICT (node) DO UPDATE SET url = excluded.url, seen_at = excluded.seen_at,
+        release = excluded.release, schema_version = excluded.schema_version
 
 -- name: node_heartbeat
 UPDATE nodes SET seen_at = extract(epoch FROM clock_timestamp()) * 1000 WHERE node = %s
@@ -350,8 +351,8 @@ DELETE FROM nodes WHERE node = ANY(%s)
 -- What the operator API shows of the cluster (server/cluster.py, ops/).  Nodes and
 -- their connections, with the database's clock for "now" (ms).
 -- name: ops_nodes
-SELECT node, url, started_at, seen_at, extract(epoch FROM clock_timestamp()) * 1000
-    FROM nodes ORDER BY node
+SELECT node, url, started_at, seen_at, extract(epoch FROM clock_timestamp()) * 1000,
+    release, schema_version FROM nodes ORDER BY node
 
 -- name: ops_connections
 SELECT node, grp, pid, since FROM connections ORDER BY grp, pid, node

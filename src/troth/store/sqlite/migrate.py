@@ -12,7 +12,7 @@ from __future__ import annotations
 import sqlite3
 from typing import Final
 
-from troth.store.migrate import Migration, SchemaError
+from troth.store.migrate import LiveNode, Migration, SchemaError
 
 PACKAGE: Final = "troth.store.sqlite"
 
@@ -59,6 +59,13 @@ class SqliteSchema:
             return 0
         row = self.conn.execute("SELECT max(version) FROM schema_version").fetchone()
         return int(row[0]) if row is not None and row[0] is not None else 0
+
+    def stored_names(self) -> dict[int, str]:
+        rows = self.conn.execute("SELECT version, name FROM schema_version").fetchall()
+        return {int(r[0]): str(r[1]) for r in rows}
+
+    def live_nodes(self, within_ms: int) -> list[LiveNode]:
+        return []  # one process serves a SQLite file: there are no peers to heartbeat
 
     def begin_exclusive(self) -> None:
         self.conn.execute("BEGIN IMMEDIATE")

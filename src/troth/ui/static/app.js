@@ -691,7 +691,7 @@ function workersBody(w, only) {
       only ? `No worker of group ${only} has been seen (since this node started, on SQLite).` : "No worker group seen yet.",
     ),
     h("h3", {}, "Nodes"),
-    table(["node", "url", "started", "heartbeat", "alive"], w.nodes.map((n) => [n.node, n.url, when(n.startedAt), when(n.seenAt), n.alive ? "yes" : h("span", { class: "error" }, "no")]), "—"),
+    table(["node", "url", "release", "schema", "started", "heartbeat", "alive"], w.nodes.map((n) => [n.node, n.url, n.release || "older", String(n.schema ?? "—"), when(n.startedAt), when(n.seenAt), n.alive ? "yes" : h("span", { class: "error" }, "no")]), "—"),
   ];
 }
 
