@@ -17,10 +17,12 @@ from typing import Any
 
 import uvicorn
 
+from troth import redact
 from troth.machine.internal import Config
 from troth.outbox import codes
 from troth.outbox.types import DispatchConfig, OutboxSender
 from troth.protocol.address import HTTP, HTTPS, NATS, POLL
+from troth.server import logs
 from troth.server.app import App, Throttled
 from troth.server.auth import Authenticator, announce_auth
 from troth.server.cluster import default_node_id
@@ -146,7 +148,7 @@ def undeliverable_reporter(metrics: Metrics) -> Callable[[str, str], None]:
     def report(address: str, code: str) -> None:
         metrics.inc("troth_undeliverable_total", code=code)
         why = "no nats_url is configured" if code == codes.NATS_OFF else "unknown scheme"
-        warn.warning(code, "cannot deliver to %s: %s (%s)", address[:200], why, code)
+        warn.warning(code, "cannot deliver to %s: %s (%s)", redact.url(address[:200]), why, code)
 
     return report
 
@@ -169,10 +171,8 @@ def tune_gc() -> None:
 
 
 def configure_logging(settings: Settings) -> None:
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
+    """Every line of the process in one format (``server/logs.py``)."""
+    logs.configure(settings.log_level, settings.log_format)
     if not settings.access_log:
         logging.getLogger("troth.access").setLevel(logging.WARNING)
 
@@ -257,6 +257,9 @@ def uvicorn_config(app: App, settings: Settings, **overrides: Any) -> uvicorn.Co
         "loop": "uvloop",
         "lifespan": "on",
         "access_log": False,
+        # No logging configuration of uvicorn's own: its loggers propagate to troth's
+        # one handler (configure_logging), so its lines share troth's format.
+        "log_config": None,
         "log_level": settings.log_level.lower(),
         "timeout_keep_alive": settings.idle_timeout,
         "timeout_graceful_shutdown": 10,
