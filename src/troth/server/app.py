@@ -209,6 +209,8 @@ class App:
                 max_body=settings.max_body,
             )
         )
+        #: Reads what ``/metrics`` shows of the store before it renders (server/scrape.py).
+        self.scrape: Callable[[], Awaitable[None]] | None = None
         self.started = False
         #: ``debug.*`` and ``task.release`` of :meth:`answer_soon` in progress (a task
         #: nothing else holds could be collected before it ends).
@@ -312,6 +314,8 @@ class App:
             status, answer = await self.operator.answer(path, scope.get("query_string", b""))
             await respond(send, status, answer)
         elif path == "/metrics" and method == "GET":
+            if self.scrape is not None:
+                await self.scrape()
             body = self.metrics.render().encode()
             await send(
                 {

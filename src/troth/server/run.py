@@ -32,6 +32,7 @@ from troth.server.direct import http_protocol
 from troth.server.engine import Commit, Engine
 from troth.server.metrics import Metrics
 from troth.server.retention import Archive, RetentionLoop
+from troth.server.scrape import StoreGauges
 from troth.store.base import Store
 from troth.store.memory import MemoryStore
 from troth.transport.http import HttpSender, PushTokens
@@ -125,7 +126,7 @@ def build_app(settings: Settings, store: Store | None = None) -> App:
             metrics=metrics,
             archive=Archive(settings.archive_dir) if settings.archive_dir else None,
         )
-    return App(
+    app = App(
         engine,
         settings,
         metrics=metrics,
@@ -137,6 +138,8 @@ def build_app(settings: Settings, store: Store | None = None) -> App:
         retention=retention,
         nats=nats,
     )
+    app.scrape = StoreGauges(store, metrics, cluster).refresh
+    return app
 
 
 def undeliverable_reporter(metrics: Metrics) -> Callable[[str, str], None]:
