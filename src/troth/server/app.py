@@ -163,9 +163,7 @@ class App:
         self.node = node or settings.node_id or "local"
         #: Counts and logs one answered request; chosen once, here, so that the
         #: plain format's request path does no more than it always did.
-        self.answered: Answered = (
-            self.answered_json if settings.log_format == "json" else self.answered_plain
-        )
+        self.answered: Answered = self.choose_answered()
         #: None when auth is off: the hot path then pays one ``is not None``.
         self.auth = Authenticator.from_settings(
             settings.auth_publickey, settings.auth_issuer, settings.auth_audience
@@ -554,6 +552,10 @@ class App:
         body = encode_response(kind, corr, status, data)
         await send_bytes(send, status, body)
         self.answered(answer, started)
+
+    def choose_answered(self) -> Answered:
+        """What :attr:`answered` is, chosen once (server/tracing.py adds a span)."""
+        return self.answered_json if self.settings.log_format == "json" else self.answered_plain
 
     def answered_plain(self, answer: Answer, started: float, via: str = "") -> None:
         """Count and log one answered request (``via``: `` via=nats``, or nothing):

@@ -53,6 +53,7 @@ class Settings:
     log_level: str = "info"
     access_log: bool = True
     log_format: str = "plain"  # plain | json (one JSON object a line; server/logs.py)
+    tracing: bool = False  # OpenTelemetry spans over OTLP/HTTP (troth[otel]; OTEL_* variables)
     server_url: str = ""  # goes into execute messages' head.serverUrl
     keepalive: float = 5.0  # seconds between SSE keep-alive comments
     send_timeout: float = 30.0  # seconds; a send that takes longer is outcome-unknown

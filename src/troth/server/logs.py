@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from collections.abc import Callable
 from typing import IO, Any
 
 import msgspec
@@ -37,6 +38,8 @@ QUIET = ("httpx", "httpcore")
 FIELDS = "troth_fields"
 
 _encode = msgspec.json.Encoder().encode
+#: The current span's ``(traceId, spanId)`` when tracing is on (server/tracing.py).
+trace_ids: Callable[[], tuple[str, str] | None] | None = None
 
 
 class JsonFormatter(logging.Formatter):
@@ -53,6 +56,8 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
+        if trace_ids is not None and (ids := trace_ids()) is not None:
+            out["traceId"], out["spanId"] = ids
         fields = getattr(record, FIELDS, None)
         if fields:
             out.update(fields)

@@ -85,6 +85,14 @@ def build_app(settings: Settings, store: Store | None = None) -> App:
     if settings.nats_url:
         nats = NatsLink(settings.nats_url, name=f"troth {node}")
         senders[NATS] = NatsSender(nats, settings.url, flush_timeout=settings.send_timeout)
+    tracing = None
+    if settings.tracing:
+        from troth.server import tracing as otel
+
+        tracing = otel.enable(node)
+        senders = {scheme: tracing.sender(sender) for scheme, sender in senders.items()}
+        http.propagate = otel.inject
+        engine.on_timer = tracing.timer
     router = Router(senders, undeliverable_reporter(metrics))
     delivery = DeliveryLoop(engine, router, config, metrics)
 
@@ -126,7 +134,15 @@ def build_app(settings: Settings, store: Store | None = None) -> App:
             metrics=metrics,
             archive=Archive(settings.archive_dir) if settings.archive_dir else None,
         )
-    app = App(
+        if tracing is not None:
+            retention.on_batch = tracing.retention
+    extra: dict[str, Any] = {}
+    make: type[App] = App
+    if tracing is not None:
+        from troth.server.tracing import TracedApp
+
+        make, extra = TracedApp, {"tracing": tracing}
+    app = make(
         engine,
         settings,
         metrics=metrics,
@@ -137,6 +153,7 @@ def build_app(settings: Settings, store: Store | None = None) -> App:
         node=node,
         retention=retention,
         nats=nats,
+        **extra,
     )
     app.scrape = StoreGauges(store, metrics, cluster).refresh
     return app
@@ -190,6 +207,7 @@ def serve(settings: Settings) -> int:
             settings.auth_publickey, settings.auth_issuer, settings.auth_audience
         )
         check_tls(settings)
+        check_tracing(settings)
     except ConfigError as exc:
         print(f"troth: {exc}", file=sys.stderr)
         return 2
@@ -224,6 +242,19 @@ def serve_on(settings: Settings, sock: socket.socket | None) -> int:
     )
     uvicorn.Server(uvicorn_config(app, settings)).run(sockets=None if sock is None else [sock])
     return 0
+
+
+def check_tracing(settings: Settings) -> None:
+    """``tracing`` needs the ``troth[otel]`` extra: say so at start (exit 2)."""
+    if not settings.tracing:
+        return
+    try:
+        import opentelemetry.exporter.otlp.proto.http
+        import opentelemetry.sdk  # noqa: F401
+    except ImportError as exc:
+        raise ConfigError(
+            f"tracing needs OpenTelemetry: pip install 'troth[otel]' ({exc})"
+        ) from None
 
 
 def check_tls(settings: Settings) -> None:
