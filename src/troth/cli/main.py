@@ -51,6 +51,10 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--body-timeout", type=float, help="seconds for a request body (30)")
     p.add_argument("--idle-timeout", type=float, help="seconds an idle connection stays (5)")
     p.add_argument("--log-level", help="debug, info, warning, error")
+    p.add_argument("--log-format", choices=["plain", "json"], help="log lines (default plain)")
+    p.add_argument(
+        "--tracing", action="store_const", const=True, help="OpenTelemetry spans (troth[otel])"
+    )
     p.add_argument("--server-url", help="URL that execute messages carry as head.serverUrl")
     p.add_argument("--keepalive", type=float, help="seconds between SSE keep-alives (default 5)")
     p.add_argument("--send-timeout", type=float, help="seconds before a send is unknown (30)")
@@ -115,6 +119,8 @@ def settings_from(args: argparse.Namespace, base: Settings | None = None) -> Set
         "body_timeout": args.body_timeout,
         "idle_timeout": args.idle_timeout,
         "log_level": args.log_level,
+        "log_format": args.log_format,
+        "tracing": args.tracing,
         "server_url": args.server_url,
         "keepalive": args.keepalive,
         "send_timeout": args.send_timeout,

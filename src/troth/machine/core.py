@@ -101,6 +101,16 @@ def lock_keys(req: rq.Req) -> tuple[str, ...]:
     return (id,) if isinstance(id, str) else ()
 
 
+def request_ids(req: rq.Req) -> tuple[str, ...]:
+    """The ids a request names, for a log line or a trace span: its promise ids
+    (:func:`lock_keys`), or a schedule request's schedule id."""
+    keys = lock_keys(req)
+    if keys:
+        return keys
+    id = getattr(req, "id", None)
+    return (id,) if isinstance(id, str) else ()
+
+
 def settled_keys(req: rq.Req, keys: tuple[str, ...]) -> tuple[str, ...]:
     """The ids among ``keys`` (:func:`lock_keys`) whose promise ``req`` may settle,
     and whose awaiters it then resumes: a store shared between nodes reads those

@@ -13,11 +13,12 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from dataclasses import dataclass
-from typing import Any, get_args
+from typing import Any, Protocol, get_args
 
 import msgspec
 
 from troth import PROTOCOL_VERSION
+from troth.machine.core import request_ids
 from troth.machine.state import Response
 from troth.protocol import requests as rq
 from troth.protocol.envelope import EnvelopeError, decode_envelope, encode_response
@@ -31,6 +32,7 @@ from troth.server.config import Settings, cors_origins
 from troth.server.cors import Cors, served
 from troth.server.delivery import DeliveryLoop
 from troth.server.engine import Engine
+from troth.server.logs import FIELDS, access_fields
 from troth.server.metrics import Metrics
 from troth.server.nats import NatsIngress
 from troth.server.operator import OperatorApi
@@ -44,8 +46,10 @@ Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
-#: What an envelope is answered with: ``(kind, corrId, status, data)``.
-Answer = tuple[str, str, int, object]
+#: What an envelope is answered with: ``(kind, corrId, status, data, admitted)``; the
+#: last is the request as admitted, None for one refused before (what the JSON access
+#: line and a trace span say of it: ``server/logs.py``, ``server/tracing.py``).
+Answer = tuple[str, str, int, object, "Admitted | None"]
 
 log = logging.getLogger("troth.server")
 access = logging.getLogger("troth.access")
@@ -95,6 +99,12 @@ class Admitted:
     now: int
     head: dict[str, Any]
     debug_time: int | None
+
+
+class Answered(Protocol):
+    """What counts and logs one answered request (:attr:`App.answered`)."""
+
+    def __call__(self, answer: Answer, started: float, via: str = "") -> None: ...
 
 
 class BodyTooLarge(Exception):
@@ -150,6 +160,10 @@ class App:
             max_total=settings.max_sse, max_per_group=settings.max_sse_per_group
         )
         self.limits = settings.limits
+        self.node = node or settings.node_id or "local"
+        #: Counts and logs one answered request; chosen once, here, so that the
+        #: plain format's request path does no more than it always did.
+        self.answered: Answered = self.choose_answered()
         #: None when auth is off: the hot path then pays one ``is not None``.
         self.auth = Authenticator.from_settings(
             settings.auth_publickey, settings.auth_issuer, settings.auth_audience
@@ -174,7 +188,7 @@ class App:
             self.registry,
             self.bounces,
             engine.clock,
-            node=node or settings.node_id or "local",
+            node=self.node,
             url=settings.url,
             cluster_view=view,
             nats_state=nats_state(nats),
@@ -193,6 +207,8 @@ class App:
                 max_body=settings.max_body,
             )
         )
+        #: Reads what ``/metrics`` shows of the store before it renders (server/scrape.py).
+        self.scrape: Callable[[], Awaitable[None]] | None = None
         self.started = False
         #: ``debug.*`` and ``task.release`` of :meth:`answer_soon` in progress (a task
         #: nothing else holds could be collected before it ends).
@@ -296,6 +312,8 @@ class App:
             status, answer = await self.operator.answer(path, scope.get("query_string", b""))
             await respond(send, status, answer)
         elif path == "/metrics" and method == "GET":
+            if self.scrape is not None:
+                await self.scrape()
             body = self.metrics.render().encode()
             await send(
                 {
@@ -345,12 +363,14 @@ class App:
         try:
             body = await read_body(scope, receive, self.settings.max_body)
         except BodyTooLarge:
-            await self.answer(send, "unknown", "0", 413, "Request body too large", started)
+            await self.answer(send, ("unknown", "0", 413, "Request body too large", None), started)
             return
         except ClientGone:
+            seconds = time.perf_counter() - started
             access.info(
                 "unknown corrId=0 status=499 ms=%.2f (client gone before its body)",
-                (time.perf_counter() - started) * 1000,
+                seconds * 1000,
+                extra={FIELDS: access_fields("unknown", "0", (), 499, seconds, self.node, "")},
             )
             return
         await self.respond(body, scope.get("headers", ()), send, started)
@@ -359,8 +379,7 @@ class App:
         self, body: bytes, headers: Iterable[tuple[bytes, bytes]], send: Send, started: float
     ) -> None:
         """Answer one ``POST /`` whose body was read."""
-        kind, corr, status, data = await self.envelope(body, headers)
-        await self.answer(send, kind, corr, status, data, started)
+        await self.answer(send, await self.envelope(body, headers), started)
 
     async def envelope(self, body: bytes, headers: Iterable[tuple[bytes, bytes]]) -> Answer:
         """One request envelope, whichever way it came (HTTP ``POST /``, NATS): decode,
@@ -429,27 +448,27 @@ class App:
         try:
             env = decode_envelope(body, self.limits.max_depth)
         except EnvelopeError as exc:
-            return exc.kind, exc.corr_id, 400, str(exc)
+            return exc.kind, exc.corr_id, 400, str(exc), None
         kind, corr = env.kind, env.head.corrId
         grant: Grant | None = None
         if self.auth is not None:
             checked = self.auth.authenticate(env.head.auth, headers)
             if isinstance(checked, Denied):
-                return kind, corr, checked.status, checked.message
+                return kind, corr, checked.status, checked.message, None
             grant = checked
         if kind.startswith("debug.") and not self.settings.debug:
-            return kind, corr, 403, "Debug operations are disabled"
+            return kind, corr, 403, "Debug operations are disabled", None
         try:
             req = decode_data(kind, env.data)
         except BadRequest as exc:
-            return kind, corr, 400, str(exc)
+            return kind, corr, 400, str(exc), None
         refused = self.limits.check_request(req, len(body))
         if refused is not None:
-            return kind, corr, 400, refused
+            return kind, corr, 400, refused, None
         if grant is not None:
             allowed = authorize(grant, kind, req)
             if isinstance(allowed, Denied):
-                return kind, corr, allowed.status, allowed.message
+                return kind, corr, allowed.status, allowed.message, None
             req = allowed  # a search narrowed to the token's prefix
         now = self.engine.clock()
         debug_time = env.head.debug_time
@@ -475,7 +494,7 @@ class App:
             self.worker_reported(req, kind, corr, admitted.now, response)
         if response.status == 200 and type(req) in _GRANTS:
             log_grant(kind, corr, response)
-        return kind, corr, response.status, response.data
+        return kind, corr, response.status, response.data, admitted
 
     def failed(self, admitted: Admitted, exc: Exception) -> Answer:
         """The answer to a request whose serving raised ``exc``."""
@@ -485,9 +504,9 @@ class App:
             # concurrent writers: the request may be sent again (the message says
             # when a COMMIT broke off and its outcome is unknown).
             log.warning("store unavailable serving %s corrId=%s: %s", kind, corr, exc)
-            return kind, corr, 503, f"Store unavailable: {exc}"
+            return kind, corr, 503, f"Store unavailable: {exc}", admitted
         log.error("internal error serving %s corrId=%s", kind, corr, exc_info=exc)
-        return kind, corr, 500, f"Internal error (corrId {corr}); nothing was changed"
+        return kind, corr, 500, f"Internal error (corrId {corr}); nothing was changed", admitted
 
     async def nats_envelope(self, body: bytes) -> Answer:
         """A request from NATS: :meth:`envelope` with no transport headers (a NATS
@@ -528,18 +547,42 @@ class App:
         else:
             self.bounces.refused(req.id, now, refusal)
 
-    async def answer(
-        self, send: Send, kind: str, corr: str, status: int, data: object, started: float
-    ) -> None:
+    async def answer(self, send: Send, answer: Answer, started: float) -> None:
+        kind, corr, status, data, _ = answer
         body = encode_response(kind, corr, status, data)
         await send_bytes(send, status, body)
-        self.answered(kind, corr, status, started)
+        self.answered(answer, started)
 
-    def answered(self, kind: str, corr: str, status: int, started: float, via: str = "") -> None:
-        """Count and log one answered request (``via``: `` via=nats``, or nothing)."""
+    def choose_answered(self) -> Answered:
+        """What :attr:`answered` is, chosen once (server/tracing.py adds a span)."""
+        return self.answered_json if self.settings.log_format == "json" else self.answered_plain
+
+    def answered_plain(self, answer: Answer, started: float, via: str = "") -> None:
+        """Count and log one answered request (``via``: `` via=nats``, or nothing):
+        :attr:`answered` unless the JSON log format is on."""
         seconds = time.perf_counter() - started
+        kind, corr, status = answer[0], answer[1], answer[2]
         self.metrics.request(kind, status, seconds)
         access.info("%s corrId=%s status=%d ms=%.2f%s", kind, corr, status, seconds * 1000, via)
+
+    def answered_json(self, answer: Answer, started: float, via: str = "") -> None:
+        """:meth:`answered_plain` with the access line's fields for the JSON format
+        (``server/logs.py``): the request's ids, the node."""
+        seconds = time.perf_counter() - started
+        kind, corr, status, _, admitted = answer
+        self.metrics.request(kind, status, seconds)
+        if access.isEnabledFor(logging.INFO):
+            ids = () if admitted is None else request_ids(admitted.req)
+            fields = access_fields(kind, corr, ids, status, seconds, self.node, via)
+            access.info(
+                "%s corrId=%s status=%d ms=%.2f%s",
+                kind,
+                corr,
+                status,
+                seconds * 1000,
+                via,
+                extra={FIELDS: fields},
+            )
 
     # -- GET /poll/{group}/{id}: SSE ---------------------------------------------------
 

@@ -52,6 +52,8 @@ class Settings:
     idle_timeout: int = 5  # seconds an idle keep-alive connection stays open
     log_level: str = "info"
     access_log: bool = True
+    log_format: str = "plain"  # plain | json (one JSON object a line; server/logs.py)
+    tracing: bool = False  # OpenTelemetry spans over OTLP/HTTP (troth[otel]; OTEL_* variables)
     server_url: str = ""  # goes into execute messages' head.serverUrl
     keepalive: float = 5.0  # seconds between SSE keep-alive comments
     send_timeout: float = 30.0  # seconds; a send that takes longer is outcome-unknown
@@ -140,6 +142,8 @@ class Settings:
             raise ConfigError("workers > 1 needs store postgres (each process is a node)")
         if self.log_level.lower() not in ("debug", "info", "warning", "error", "critical"):
             raise ConfigError(f"unknown log_level {self.log_level!r}")
+        if self.log_format not in ("plain", "json"):
+            raise ConfigError(f"log_format must be plain or json, not {self.log_format!r}")
 
     @property
     def retention_ms(self) -> int:

@@ -318,7 +318,7 @@ def answer_simple(app: App, cycle: SimpleCycle, started: float, answer: Answer) 
     its batch committed), then count and log it."""
     send = DirectSend(cycle)
     try:
-        kind, corr, status, data = answer
+        kind, corr, status, data, _ = answer
         body = encode_response(kind, corr, status, data)
         send.status = status
         send.headers = json_headers(body)
@@ -329,7 +329,7 @@ def answer_simple(app: App, cycle: SimpleCycle, started: float, answer: Answer) 
             task.add_done_callback(functools.partial(_written, app, cycle, send, answer, started))
             return
         send.now(body)
-        app.answered(kind, corr, status, started)
+        app.answered(answer, started)
     except Exception as exc:
         failed(cycle, send, exc)
 
@@ -348,7 +348,7 @@ def _written(
     if exc is not None:
         failed(cycle, send, exc)
         return
-    app.answered(answer[0], answer[1], answer[2], started)
+    app.answered(answer, started)
 
 
 class DirectHttpToolsProtocol(GuardedHttpToolsProtocol):
@@ -439,7 +439,7 @@ class DirectHttpToolsProtocol(GuardedHttpToolsProtocol):
         do, without a cycle and a send made for it.  A peer that does not read, or an
         answer that does not encode, takes :func:`answer_simple` (which waits for the
         buffer to drain, or answers 500)."""
-        kind, corr, status, data = answer
+        kind, corr, status, data, _ = answer
         try:
             body = None if self.flow.write_paused else encode_response(kind, corr, status, data)
         except Exception:
@@ -456,7 +456,7 @@ class DirectHttpToolsProtocol(GuardedHttpToolsProtocol):
             self.transport.close()
         self._kept()
         try:
-            troth.answered(kind, corr, status, started)
+            troth.answered(answer, started)
         except Exception:  # written already: as answer_simple, logged and left
             log.exception("counting an answer failed")
 

@@ -118,6 +118,8 @@ class Engine:
         #: starts (metrics; delivery claims the messages written there: no queue wait).
         self.on_commit = on_commit
         self.on_resume: Callable[[], None] | None = None
+        #: Told of each timer pass that fired: ``(lag_ms, fired, seconds)`` (tracing).
+        self.on_timer: Callable[[int, int, float], None] | None = None
         #: Runs on the writer thread after a commit that armed a deadline earlier than
         #: the one the timer sleeps until (the cluster tells the other nodes).
         self.on_deadline: Callable[[int], None] | None = None
@@ -520,11 +522,16 @@ class Engine:
                 now = self.clock()
                 if deadline is not None and deadline <= now:
                     self.stats.lag_ms = now - deadline
+                    began = time.perf_counter()
                     passed = await self.outcome(functools.partial(self._tick, now=now), now)
                     if passed.error is not None:
                         raise passed.error
                     self.stats.ticks += 1
                     self.stats.fired += passed.value or 0
+                    if self.on_timer is not None:
+                        self.on_timer(
+                            self.stats.lag_ms, passed.value or 0, time.perf_counter() - began
+                        )
                     if passed.wrote:
                         continue
                     if self.store.shared:

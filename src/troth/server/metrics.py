@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import bisect
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+
+from troth.outbox import codes
 
 Labels = tuple[tuple[str, str], ...]
 
@@ -30,6 +32,11 @@ BUCKETS = (
     2.5,
     10.0,
 )
+
+#: ``troth_dispatch_total``'s outcomes and ``troth_outbox_reconciled_total``'s verdicts
+#: (server/delivery.py).
+DISPATCH_OUTCOMES = ("completed", "retried", "failed", "unknown", "unsettled")
+RECONCILE_VERDICTS = ("completed", "failed", "resent", "unresolved")
 
 HELP = {
     "troth_requests_total": ("counter", "Protocol requests answered, by kind and status."),
@@ -78,11 +85,35 @@ HELP = {
         "gauge",
         "Commit notifications heard from other nodes, since start.",
     ),
+    "troth_outbox_rows": (
+        "gauge",
+        "Outbox rows by state, in the whole store (counted when scraped; reused for a "
+        "while when counting is slow).",
+    ),
+    "troth_cluster_nodes_alive": (
+        "gauge",
+        "Nodes of the cluster whose heartbeat is fresh, this one included (PostgreSQL).",
+    ),
     "troth_cluster_claims_reaped": (
         "gauge",
         "Outbox claims of dead nodes this node moved to outcome_unknown, since start.",
     ),
 }
+
+
+#: Counter series shown from the start at 0, so that ``rate`` and ``increase`` (the
+#: alert rules, deploy/prometheus/alerts.yml) see their first event: a series that
+#: first appears at 1 has no increase Prometheus can compute.
+START_AT_ZERO: tuple[tuple[str, Labels], ...] = (
+    *(("troth_dispatch_total", (("outcome", o),)) for o in DISPATCH_OUTCOMES),
+    *(("troth_outbox_reconciled_total", (("verdict", v),)) for v in RECONCILE_VERDICTS),
+    *(("troth_undeliverable_total", (("code", c),)) for c in (codes.BAD_ADDRESS, codes.NATS_OFF)),
+    ("troth_outbox_claims_released_total", ()),
+    ("troth_task_bounces_total", ()),
+    ("troth_task_backoffs_total", ()),
+    ("troth_commit_batches_total", ()),
+    ("troth_commit_jobs_total", ()),
+)
 
 
 class Histogram:
@@ -107,7 +138,12 @@ class Metrics:
         self.counters: dict[str, dict[Labels, float]] = {}
         self.histograms: dict[str, dict[Labels, Histogram]] = {}
         self.gauges: dict[str, Callable[[], float]] = {}
+        #: Gauges with one label: ``name -> (label, read)``, ``read`` giving a value
+        #: per label value.
+        self.families: dict[str, tuple[str, Callable[[], Mapping[str, float]]]] = {}
         self._request_slots: dict[tuple[str, int], _RequestSlot] = {}
+        for name, key in START_AT_ZERO:
+            self.counters.setdefault(name, {})[key] = 0
 
     def inc(self, name: str, amount: float = 1, **labels: str) -> None:
         self._count(name, tuple(sorted(labels.items())), amount)
@@ -158,6 +194,10 @@ class Metrics:
     def gauge(self, name: str, read: Callable[[], float]) -> None:
         self.gauges[name] = read
 
+    def family(self, name: str, label: str, read: Callable[[], Mapping[str, float]]) -> None:
+        """A gauge with one label, read when scraped: ``read()`` gives each value."""
+        self.families[name] = (label, read)
+
     def value(self, name: str, **labels: str) -> float:
         """A counter's current value (for tests and the CLI)."""
         with self.lock:
@@ -187,8 +227,14 @@ class Metrics:
                     lines.append(f"{name}_sum{fmt(labels)} {h.sum:.6f}")
                     lines.append(f"{name}_count{fmt(labels)} {running}")
         for name in sorted(self.gauges):
-            header(name, "gauge")
+            # A count read by a callback is still a counter (``…_total``).
+            header(name, HELP.get(name, ("gauge", ""))[0])
             lines.append(f"{name} {number(self.gauges[name]())}")
+        for name in sorted(self.families):
+            label, read = self.families[name]
+            header(name, "gauge")
+            for value, v in sorted(read().items()):
+                lines.append(f"{name}{fmt(((label, value),))} {number(v)}")
         return "\n".join(lines) + "\n"
 
 

@@ -23,6 +23,7 @@ import binascii
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
@@ -42,7 +43,8 @@ CONCURRENCY = 1024
 #: Seconds shutdown waits for requests in flight to be answered.
 DRAIN_SECONDS = 10.0
 
-Answer = tuple[str, str, int, object]
+#: ``App.envelope``'s answer: ``(kind, corrId, status, data, admitted)``.
+Answer = tuple[str, str, int, object, Any]
 
 
 def origin_of(subject: str, prefix: str) -> str | None:
@@ -69,7 +71,7 @@ class NatsIngress:
         link: NatsLink,
         prefix: str,
         handle: Callable[[bytes], Awaitable[Answer]],
-        answered: Callable[[str, str, int, float, str], None],
+        answered: Callable[[Answer, float, str], None],
         *,
         max_body: int,
         concurrency: int = CONCURRENCY,
@@ -117,14 +119,14 @@ class NatsIngress:
                 break
         answer: Answer
         if len(msg.data) > self.max_body:
-            answer = ("unknown", "0", 413, "Request body too large")
+            answer = ("unknown", "0", 413, "Request body too large", None)
         else:
             try:
                 answer = await self.handle(msg.data)
             except Exception:  # App.envelope answers every error itself; a safety net
                 log.exception("NATS: serving a request on %s failed", msg.subject)
-                answer = ("unknown", "0", 500, "Internal error")
-        kind, corr, status, data = answer
+                answer = ("unknown", "0", 500, "Internal error", None)
+        kind, corr, status, data, admitted = answer
         body = encode_response(kind, corr, status, data)
         nc = self.link.client
         if len(body) > nc.max_payload:
@@ -138,7 +140,7 @@ class NatsIngress:
             status = 500
             body = encode_response(kind, corr, status, data)
         origin = origin_of(msg.subject, self.prefix)
-        self.answered(kind, corr, status, started, f" via=nats origin={origin}")
+        self.answered((kind, corr, status, data, admitted), started, f" via=nats origin={origin}")
         if not reply:
             self.link.warn(
                 "no-reply",

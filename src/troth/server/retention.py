@@ -17,7 +17,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
@@ -80,6 +80,8 @@ class RetentionLoop:
         self.behind_ms = 0
         self.last_run = 0.0
         self._task: asyncio.Task[None] | None = None
+        #: Told of each batch and how long it took (tracing).
+        self.on_batch: Callable[[Swept, float], None] | None = None
         metrics.gauge("troth_retention_behind_seconds", lambda: self.behind_ms / 1000)
         metrics.gauge("troth_retention_last_run_timestamp_seconds", lambda: self.last_run)
 
@@ -92,6 +94,7 @@ class RetentionLoop:
 
     async def run_once(self) -> Swept:
         """One batch from the cursor (the loop's unit of work; tests call it)."""
+        began = time.perf_counter()
         now = self.engine.clock()
         cutoff = now - self.horizon_ms
         cursor = self.cursor
@@ -118,6 +121,8 @@ class RetentionLoop:
         m.inc("troth_retention_rows_deleted_total", swept.outbox, table="outbox")
         if swept.trees:
             log.debug("retention deleted %d workflows (%d promises)", swept.trees, swept.promises)
+        if self.on_batch is not None:
+            self.on_batch(swept, time.perf_counter() - began)
         return swept
 
     async def _run(self) -> None:

@@ -17,10 +17,12 @@ from typing import Any
 
 import uvicorn
 
+from troth import redact
 from troth.machine.internal import Config
 from troth.outbox import codes
 from troth.outbox.types import DispatchConfig, OutboxSender
 from troth.protocol.address import HTTP, HTTPS, NATS, POLL
+from troth.server import logs
 from troth.server.app import App, Throttled
 from troth.server.auth import Authenticator, announce_auth
 from troth.server.cluster import default_node_id
@@ -30,6 +32,7 @@ from troth.server.direct import http_protocol
 from troth.server.engine import Commit, Engine
 from troth.server.metrics import Metrics
 from troth.server.retention import Archive, RetentionLoop
+from troth.server.scrape import StoreGauges
 from troth.store.base import Store
 from troth.store.memory import MemoryStore
 from troth.transport.http import HttpSender, PushTokens
@@ -82,6 +85,14 @@ def build_app(settings: Settings, store: Store | None = None) -> App:
     if settings.nats_url:
         nats = NatsLink(settings.nats_url, name=f"troth {node}")
         senders[NATS] = NatsSender(nats, settings.url, flush_timeout=settings.send_timeout)
+    tracing = None
+    if settings.tracing:
+        from troth.server import tracing as otel
+
+        tracing = otel.enable(node)
+        senders = {scheme: tracing.sender(sender) for scheme, sender in senders.items()}
+        http.propagate = otel.inject
+        engine.on_timer = tracing.timer
     router = Router(senders, undeliverable_reporter(metrics))
     delivery = DeliveryLoop(engine, router, config, metrics)
 
@@ -123,7 +134,15 @@ def build_app(settings: Settings, store: Store | None = None) -> App:
             metrics=metrics,
             archive=Archive(settings.archive_dir) if settings.archive_dir else None,
         )
-    return App(
+        if tracing is not None:
+            retention.on_batch = tracing.retention
+    extra: dict[str, Any] = {}
+    make: type[App] = App
+    if tracing is not None:
+        from troth.server.tracing import TracedApp
+
+        make, extra = TracedApp, {"tracing": tracing}
+    app = make(
         engine,
         settings,
         metrics=metrics,
@@ -134,7 +153,10 @@ def build_app(settings: Settings, store: Store | None = None) -> App:
         node=node,
         retention=retention,
         nats=nats,
+        **extra,
     )
+    app.scrape = StoreGauges(store, metrics, cluster).refresh
+    return app
 
 
 def undeliverable_reporter(metrics: Metrics) -> Callable[[str, str], None]:
@@ -146,7 +168,7 @@ def undeliverable_reporter(metrics: Metrics) -> Callable[[str, str], None]:
     def report(address: str, code: str) -> None:
         metrics.inc("troth_undeliverable_total", code=code)
         why = "no nats_url is configured" if code == codes.NATS_OFF else "unknown scheme"
-        warn.warning(code, "cannot deliver to %s: %s (%s)", address[:200], why, code)
+        warn.warning(code, "cannot deliver to %s: %s (%s)", redact.url(address[:200]), why, code)
 
     return report
 
@@ -169,10 +191,8 @@ def tune_gc() -> None:
 
 
 def configure_logging(settings: Settings) -> None:
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
+    """Every line of the process in one format (``server/logs.py``)."""
+    logs.configure(settings.log_level, settings.log_format)
     if not settings.access_log:
         logging.getLogger("troth.access").setLevel(logging.WARNING)
 
@@ -187,6 +207,7 @@ def serve(settings: Settings) -> int:
             settings.auth_publickey, settings.auth_issuer, settings.auth_audience
         )
         check_tls(settings)
+        check_tracing(settings)
     except ConfigError as exc:
         print(f"troth: {exc}", file=sys.stderr)
         return 2
@@ -249,6 +270,19 @@ def serve_on(settings: Settings, sock: socket.socket | None) -> int:
     return 0
 
 
+def check_tracing(settings: Settings) -> None:
+    """``tracing`` needs the ``troth[otel]`` extra: say so at start (exit 2)."""
+    if not settings.tracing:
+        return
+    try:
+        import opentelemetry.exporter.otlp.proto.http
+        import opentelemetry.sdk  # noqa: F401
+    except ImportError as exc:
+        raise ConfigError(
+            f"tracing needs OpenTelemetry: pip install 'troth[otel]' ({exc})"
+        ) from None
+
+
 def check_tls(settings: Settings) -> None:
     """Load ``tls_cert``/``tls_key`` once before serving, so that a missing, unreadable
     or mismatched pair stops the server with one clear line (exit 2) instead of a
@@ -283,6 +317,9 @@ def uvicorn_config(app: App, settings: Settings, **overrides: Any) -> uvicorn.Co
         "loop": "uvloop",
         "lifespan": "on",
         "access_log": False,
+        # No logging configuration of uvicorn's own: its loggers propagate to troth's
+        # one handler (configure_logging), so its lines share troth's format.
+        "log_config": None,
         "log_level": settings.log_level.lower(),
         "timeout_keep_alive": settings.idle_timeout,
         "timeout_graceful_shutdown": 10,

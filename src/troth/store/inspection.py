@@ -150,6 +150,10 @@ class Inspection(ABC):
         "schedules": {"all": n}}`` — a scan of each table: for operators, not for a
         request path."""
 
+    def outbox_counts(self) -> dict[str, int]:
+        """Outbox rows by state (``/metrics``): :meth:`counts` of that table alone."""
+        return self.counts()["outbox"]
+
 
 class SqlInspection(Inspection):
     """:class:`Inspection` in SQL both dialects share; ``mark`` is the placeholder."""
@@ -242,6 +246,9 @@ class SqlInspection(Inspection):
         else:
             rows = self._all("outbox_in_state", state, below, limit)
         return [self.codec.outbox_row(r) for r in rows]
+
+    def outbox_counts(self) -> dict[str, int]:
+        return {str(s): int(n) for s, n in self._all("count_outbox")}
 
     def counts(self) -> Counts:
         out: Counts = {}

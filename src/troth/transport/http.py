@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from urllib.parse import urlsplit
 
 import httpx
@@ -107,6 +107,8 @@ class HttpSender:
     ) -> None:
         self.server_url = server_url
         self.tokens = tokens if tokens else None
+        #: Adds trace context to a push's headers when tracing is on (server/tracing.py).
+        self.propagate: Callable[[dict[str, str]], None] | None = None
         # No read timeout here: the dispatcher's send_timeout turns a hang into Unknown.
         self.client = httpx.AsyncClient(
             timeout=httpx.Timeout(None, connect=connect_timeout),
@@ -118,6 +120,8 @@ class HttpSender:
         headers = {"content-type": "application/json", "idempotency-key": row.key}
         if self.tokens is not None and (token := self.tokens.for_address(row.address)):
             headers["authorization"] = f"Bearer {token}"
+        if self.propagate is not None:
+            self.propagate(headers)
         try:
             response = await self.client.post(row.address, content=body, headers=headers)
         except (httpx.ConnectError, httpx.ConnectTimeout):

@@ -40,6 +40,7 @@ from collections.abc import Awaitable, Callable
 import nats.errors
 from nats.aio.client import Client
 
+from troth import redact
 from troth.outbox import codes
 from troth.outbox.rows import OutboxRow
 from troth.outbox.types import Completed, Dispatched, Permanent, Retryable, Unknown
@@ -91,7 +92,7 @@ class NatsLink:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a bad URL: nats-py's loop retries everything else
-            log.error("NATS: cannot connect to %s: %s; NATS stays off", self.url, exc)
+            log.error("NATS: cannot connect to %s: %s; NATS stays off", redact.url(self.url), exc)
             return
         log.info("NATS connected to %s", self._where())
         self.ready.set()
@@ -106,7 +107,8 @@ class NatsLink:
 
     def _where(self) -> str:
         url = self.client.connected_url
-        return url.netloc if url is not None else self.url
+        # host:port only: the netloc would carry a user and password given in nats_url
+        return url.netloc.rpartition("@")[2] if url is not None else redact.url(self.url)
 
     def warn(self, kind: str, message: str, *args: object) -> None:
         now = time.monotonic()
@@ -115,11 +117,15 @@ class NatsLink:
             log.warning(message, *args)
 
     async def _error(self, exc: Exception) -> None:
-        self.warn("error", "NATS (%s): %s: %s; retrying", self.url, type(exc).__name__, exc)
+        self.warn(
+            "error", "NATS (%s): %s: %s; retrying", redact.url(self.url), type(exc).__name__, exc
+        )
 
     async def _disconnected(self) -> None:
         if not self.client.is_closed:
-            self.warn("disconnected", "NATS connection lost (%s); reconnecting", self.url)
+            self.warn(
+                "disconnected", "NATS connection lost (%s); reconnecting", redact.url(self.url)
+            )
 
     async def _reconnected(self) -> None:
         # nats-py re-subscribes by itself; nothing else needs redoing.

@@ -1,0 +1,192 @@
+"""The Grafana dashboard and the Prometheus alert rules shipped in ``deploy/``.
+
+The rules pass ``promtool check rules``; a running server's ``/metrics`` passes
+``promtool check metrics``; and every metric a panel or a rule names is in that
+exposition, read from a real node on PostgreSQL (so the cluster's metrics are there)
+with retention on, after traffic that pushes to a real HTTP endpoint, bounces a
+task, and sends to an address no transport serves.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from helpers.hook import hook_server
+from helpers.pg import throwaway_database
+from helpers.support import RunningServer, running_server
+from troth.server.config import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+DASHBOARD = ROOT / "deploy" / "grafana" / "troth.json"
+ALERTS = ROOT / "deploy" / "prometheus" / "alerts.yml"
+PROMTOOL = shutil.which("promtool")
+needs_promtool = pytest.mark.skipif(
+    PROMTOOL is None,
+    reason="promtool is not installed: apt-get install prometheus (scripts/test does)",
+)
+#: Metrics Prometheus makes itself, not troth.
+PROMETHEUS_OWN = {"up"}
+FAR = 10**13
+
+
+def wait(what: str, check: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def dashboard_exprs() -> list[str]:
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    return [t["expr"] for p in panels for t in p.get("targets", ())]
+
+
+def rule_exprs() -> list[str]:
+    # The rules file is YAML; its expressions are the `expr:` values (one line, or a
+    # block after `expr: |`), read without a YAML library.
+    exprs: list[str] = []
+    lines = ALERTS.read_text().splitlines()
+    for i, line in enumerate(lines):
+        m = re.match(r"^(\s*)expr:\s*(.*)$", line)
+        if not m:
+            continue
+        if m.group(2).strip() not in ("|", ">", "|-", ">-"):
+            exprs.append(m.group(2))
+            continue
+        indent = len(m.group(1))
+        block = []
+        for more in lines[i + 1 :]:
+            if more.strip() and len(more) - len(more.lstrip()) <= indent:
+                break
+            block.append(more)
+        exprs.append("\n".join(block))
+    return exprs
+
+
+def metric_names(expr: str) -> set[str]:
+    """The metric names a PromQL expression reads: identifiers followed by a selector
+    or a range, and ``troth_…`` names wherever they stand (label names, functions
+    and keywords are not metric names)."""
+    without_strings = re.sub(r'"[^"]*"', '""', expr)
+    names = set(re.findall(r"\btroth_[a-z0-9_]+\b", without_strings))
+    names |= {n for n in re.findall(r"\b([a-z_]+)\s*\{", without_strings) if n in PROMETHEUS_OWN}
+    return names
+
+
+def exposed(text: str) -> set[str]:
+    """Metric names with samples in an exposition; a histogram's ``_bucket``,
+    ``_sum`` and ``_count`` also count as its own name."""
+    names: set[str] = set()
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name = re.match(r"[a-zA-Z_:][a-zA-Z0-9_:]*", line)
+            assert name is not None, line
+            names.add(name.group(0))
+    for name in list(names):
+        for suffix in ("_bucket", "_sum", "_count"):
+            if name.endswith(suffix):
+                names.add(name[: -len(suffix)])
+    return names
+
+
+def test_the_files_name_enough_metrics_to_be_read() -> None:
+    """The parsers above find what the files hold (a parser that found nothing would
+    make the check below pass for nothing)."""
+    assert len(dashboard_exprs()) >= 25
+    assert len(rule_exprs()) >= 8
+    names = set().union(*map(metric_names, dashboard_exprs() + rule_exprs()))
+    assert {"troth_requests_total", "troth_outbox_rows", "troth_timer_lag_seconds", "up"} <= names
+    assert metric_names('sum by (le) (rate(troth_x_bucket{a="troth_not"}[5m]))') == {
+        "troth_x_bucket"
+    }
+
+
+@needs_promtool
+def test_alert_rules_pass_promtool() -> None:
+    assert PROMTOOL is not None
+    r = subprocess.run(
+        [PROMTOOL, "check", "rules", str(ALERTS)], capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.fixture(scope="module")
+def node() -> Iterator[RunningServer]:
+    with throwaway_database("troth_deploy") as url:
+        settings = Settings(
+            store="postgres",
+            postgres_url=url,
+            retention="1d",
+            retention_interval=0.2,
+            access_log=False,
+        )
+        with running_server(settings) as server:
+            yield server
+
+
+def traffic(server: RunningServer) -> None:
+    """A push delivered to a real endpoint, a task bounced three times (its execute
+    held back), a message to an address no transport serves, reads and a refusal."""
+    with hook_server() as hook:
+        target = {"resonate:target": f"http://127.0.0.1:{hook.port}/run"}
+        server.ok("promise.create", {"id": "wf", "timeoutAt": FAR, "tags": target})
+        wait("an execute pushed", lambda: any(b.get("kind") == "execute" for _, b in hook.seen))
+        for _ in range(3):
+            task = server.ok("task.get", {"id": "wf"})["task"]
+            acquire = {"id": "wf", "version": task["version"], "pid": "w", "ttl": 60_000}
+            version = server.ok("task.acquire", acquire)["task"]["version"]
+            server.ok("task.release", {"id": "wf", "version": version})
+    odd = {"resonate:target": "gopher://nowhere/x"}
+    server.ok("promise.create", {"id": "odd", "timeoutAt": FAR, "tags": odd})
+    assert server.call("promise.get", {"id": "missing"})[0] == 404
+    assert server.call("promise.create", {"id": "bad"})[0] == 400
+
+
+def scrape(server: RunningServer) -> str:
+    r = server.client.get("/metrics")
+    assert r.status_code == 200
+    return r.text
+
+
+@pytest.fixture(scope="module")
+def exposition(node: RunningServer) -> str:
+    """``/metrics`` after :func:`traffic` and a retention pass."""
+    traffic(node)
+    wait("a retention pass", lambda: "troth_retention_passes_total" in scrape(node))
+    wait("the undeliverable send", lambda: 'code="troth.address.unsupported"} 1' in scrape(node))
+    return scrape(node)
+
+
+@pytest.mark.timeout(60)
+def test_every_metric_the_dashboard_and_the_rules_use_is_exposed(exposition: str) -> None:
+    have = exposed(exposition) | PROMETHEUS_OWN
+    for where, exprs in (("dashboard", dashboard_exprs()), ("alert rules", rule_exprs())):
+        for expr in exprs:
+            missing = metric_names(expr) - have
+            assert not missing, f"{where}: {expr!r} reads {missing}, not in /metrics"
+    text = exposition
+    assert re.search(r'^troth_outbox_rows\{state="completed"\} [1-9]', text, re.M), text
+    assert re.search(r"^troth_cluster_nodes_alive 1$", text, re.M), text
+    assert re.search(r"^troth_task_backoffs_total [1-9]", text, re.M), text
+
+
+@needs_promtool
+@pytest.mark.timeout(60)
+def test_the_exposition_passes_promtool(exposition: str) -> None:
+    assert PROMTOOL is not None
+    r = subprocess.run(
+        [PROMTOOL, "check", "metrics"],
+        input=exposition,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0 and not r.stdout.strip(), r.stdout + r.stderr
