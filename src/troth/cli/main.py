@@ -16,6 +16,7 @@ from typing import Any
 from troth import __version__
 from troth.bench.options import add_bench_flags
 from troth.cli.client import add_client_commands, run_client
+from troth.cli.mcp import add_mcp_command, run_mcp
 from troth.cli.storage import add_storage_commands, run_storage
 from troth.cli.token import add_token_command, run_token
 from troth.server.config import ConfigError, Settings, load
@@ -154,7 +155,10 @@ def main(argv: list[str] | None = None) -> int:
     add_client_commands(sub)
     add_token_command(sub)
     add_storage_commands(sub)
+    add_mcp_command(sub)
     args = parser.parse_args(argv)
+    if args.command == "mcp":
+        return run_mcp(args)
     if args.command == "token":
         return run_token(args)
     if args.command in ("backup", "migrate-store"):

@@ -1,0 +1,143 @@
+"""``troth mcp`` over stdio, driven by the ``mcp`` package's client against a real
+``troth serve``: the tools it lists, promises created, read, searched, settled and
+waited on — the wait returning when the test settles the promise from outside,
+without polling the server meanwhile."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from typing import Any
+
+import anyio
+import pytest
+
+from helpers.mcp_session import call, refused, stdio
+from helpers.troth_process import LoggedServer
+
+pytestmark = pytest.mark.timeout(90)
+
+TOOLS = {
+    "promise-create",
+    "promise-get",
+    "promise-settle",
+    "promise-search",
+    "promise-wait",
+    "invoke",
+    "tree",
+    "explain",
+    "workers",
+    "schedule-create",
+    "schedule-get",
+    "schedule-delete",
+    "schedule-search",
+}
+
+
+def b64(value: Any) -> str:
+    return base64.b64encode(json.dumps(value, separators=(",", ":")).encode()).decode()
+
+
+def test_lists_its_tools_with_schemas(server: LoggedServer) -> None:
+    async def scenario() -> None:
+        async with stdio(server.url) as client:
+            listed = await client.list_tools()
+            tools = {t.name: t for t in listed.tools}
+            assert set(tools) == TOOLS
+            for t in tools.values():
+                assert t.input_schema["type"] == "object", t.name
+                assert len(t.description or "") > 40, t.name
+            assert tools["promise-settle"].input_schema["required"] == ["id", "resolution"]
+
+    anyio.run(scenario)
+
+
+def settle_from_outside(server: LoggedServer, id: str, value: Any) -> None:
+    """A person approving: ``promise.settle`` straight to the server, not via MCP."""
+    status, _ = server.call(
+        "promise.settle", {"id": id, "state": "resolved", "value": {"data": b64(value)}}
+    )
+    assert status == 200
+
+
+def test_create_read_search_settle(server: LoggedServer) -> None:
+    async def scenario() -> None:
+        async with stdio(server.url) as client:
+            made = await call(
+                client,
+                "promise-create",
+                id="ask-1",
+                timeout="1h",
+                param={"data": {"question": "ship it?"}},
+                tags={"team": "ops"},
+            )
+            p = made["promise"]
+            assert p["state"] == "pending" and p["tags"]["team"] == "ops"
+            assert p["tags"]["resonate:external"] == "true"
+            assert p["param"]["data"] == b64({"question": "ship it?"})
+            assert made["decoded"] == {"param": {"question": "ship it?"}, "value": None}
+            assert p["timeoutAt"] - p["createdAt"] == pytest.approx(3_600_000, abs=5_000)
+            got = await call(client, "promise-get", id="ask-1")
+            assert got["promise"]["id"] == "ask-1"
+            found = await call(client, "promise-search", tags={"team": "ops"}, state="pending")
+            assert [q["id"] for q in found["promises"]] == ["ask-1"]
+            done = await call(
+                client, "promise-settle", id="ask-1", resolution="reject", value={"data": "no"}
+            )
+            assert done["promise"]["state"] == "rejected" and done["decoded"]["value"] == "no"
+            # The server's refusal, as a tool error with its status and message.
+            text, info = await refused(client, "promise-get", id="nothing-here")
+            assert info["status"] == 404 and text.startswith("promise.get refused: 404")
+            # Bad arguments: refused before anything is sent.
+            text, _ = await refused(client, "promise-settle", id="ask-1", resolution="maybe")
+            assert "resolution" in text and "Traceback" not in text
+            text, _ = await refused(client, "promise-create", id="ask-2", timeout="soon")
+            assert "timeout" in text
+        assert server.call("promise.get", {"id": "ask-2"})[0] == 404
+
+    anyio.run(scenario)
+
+
+def test_wait_returns_when_settled_from_outside(server: LoggedServer) -> None:
+    async def scenario() -> None:
+        async with stdio(server.url) as client:
+            await call(client, "promise-create", id="approval-1", timeout="1h")
+            gets_before = server.answered("promise.get", 200)
+            started = time.monotonic()
+            async with anyio.create_task_group() as tg:
+                answer: dict[str, Any] = {}
+
+                async def wait() -> None:
+                    answer.update(
+                        await call(client, "promise-wait", id="approval-1", timeout="60s")
+                    )
+
+                tg.start_soon(wait)
+                # Settle once the wait has registered its listener (the server's log).
+                with anyio.fail_after(20):
+                    while server.answered("promise.register_listener", 200) < 1:
+                        await anyio.sleep(0.05)
+                await anyio.to_thread.run_sync(
+                    settle_from_outside, server, "approval-1", {"approved": True}
+                )
+            assert time.monotonic() - started < 30
+            assert answer["settled"] is True
+            assert answer["promise"]["state"] == "resolved"
+            assert answer["decoded"]["value"] == {"approved": True}
+            # Nothing polled while it waited: one registration, no reads.
+            assert server.answered("promise.register_listener", 200) == 1
+            assert server.answered("promise.get", 200) == gets_before
+
+            # Already settled: answered at once from the registration itself.
+            again = await call(client, "promise-wait", id="approval-1", timeout="30s")
+            assert again["settled"] is True and again["promise"]["state"] == "resolved"
+
+            # Nobody settles: back after the timeout, still pending.
+            await call(client, "promise-create", id="approval-2", timeout="1h")
+            started = time.monotonic()
+            late = await call(client, "promise-wait", id="approval-2", timeout="1s")
+            assert 1.0 <= time.monotonic() - started < 10
+            assert late["settled"] is False and late["promise"]["state"] == "pending"
+
+    anyio.run(scenario)
