@@ -5,38 +5,16 @@ without polling the server meanwhile."""
 
 from __future__ import annotations
 
-import base64
-import json
 import time
 from typing import Any
 
 import anyio
 import pytest
 
-from helpers.mcp_session import call, refused, stdio
+from helpers.mcp_session import TOOLS, b64, call, refused, settle_from_outside, stdio
 from helpers.troth_process import LoggedServer
 
 pytestmark = pytest.mark.timeout(90)
-
-TOOLS = {
-    "promise-create",
-    "promise-get",
-    "promise-settle",
-    "promise-search",
-    "promise-wait",
-    "invoke",
-    "tree",
-    "explain",
-    "workers",
-    "schedule-create",
-    "schedule-get",
-    "schedule-delete",
-    "schedule-search",
-}
-
-
-def b64(value: Any) -> str:
-    return base64.b64encode(json.dumps(value, separators=(",", ":")).encode()).decode()
 
 
 def test_lists_its_tools_with_schemas(server: LoggedServer) -> None:
@@ -51,14 +29,6 @@ def test_lists_its_tools_with_schemas(server: LoggedServer) -> None:
             assert tools["promise-settle"].input_schema["required"] == ["id", "resolution"]
 
     anyio.run(scenario)
-
-
-def settle_from_outside(server: LoggedServer, id: str, value: Any) -> None:
-    """A person approving: ``promise.settle`` straight to the server, not via MCP."""
-    status, _ = server.call(
-        "promise.settle", {"id": id, "state": "resolved", "value": {"data": b64(value)}}
-    )
-    assert status == 200
 
 
 def test_create_read_search_settle(server: LoggedServer) -> None:

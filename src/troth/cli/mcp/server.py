@@ -29,7 +29,7 @@ from mcp.server.stdio import stdio_server
 
 from troth import __version__
 from troth.cli.mcp.listen import Listeners
-from troth.cli.mcp.tools import BY_NAME, TOOLS, WAIT, Tool, ToolError
+from troth.cli.mcp.tools import BY_NAME, TOOLS, WAIT, Tool, ToolError, with_decoded
 from troth.cli.remote import Remote, RemoteError, Unreachable
 from troth.durations import parse_duration
 
@@ -161,8 +161,6 @@ async def _call(state: State, remote: Remote, name: str, args: dict[str, Any]) -
 
     async def call(kind: str, data: dict[str, Any]) -> Any:
         return await anyio.to_thread.run_sync(lambda: remote.ok(kind, data))
-
-    from troth.cli.mcp.tools import with_decoded
 
     stream = state.listeners.stream(remote.token)
     return with_decoded(await stream.wait(call, args["id"], seconds))
