@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.sdk_env import Procs, children_of_test
+from helpers.sdk_env import Procs, PythonSdk, build_python_sdk, children_of_test
 from helpers.troth_process import LoggedServer
 
 
@@ -24,3 +24,8 @@ def server(procs: Procs, tmp_path: Path) -> LoggedServer:
     srv = LoggedServer(procs, "sqlite", tmp_path / "troth.db", None, ["--retry-timeout", "1000"])
     srv.start()
     return srv
+
+
+@pytest.fixture(scope="module")
+def python_sdk() -> PythonSdk:
+    return build_python_sdk()
