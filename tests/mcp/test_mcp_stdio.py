@@ -6,12 +6,14 @@ without polling the server meanwhile."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 
 from helpers.mcp_session import TOOLS, b64, call, refused, settle_from_outside, stdio
+from helpers.sdk_env import Procs
 from helpers.troth_process import LoggedServer
 
 pytestmark = pytest.mark.timeout(90)
@@ -109,5 +111,41 @@ def test_wait_returns_when_settled_from_outside(server: LoggedServer) -> None:
             late = await call(client, "promise-wait", id="approval-2", timeout="1s")
             assert 1.0 <= time.monotonic() - started < 10
             assert late["settled"] is False and late["promise"]["state"] == "pending"
+
+    anyio.run(scenario)
+
+
+def test_a_wait_survives_a_server_restart(
+    procs: Procs, server: LoggedServer, tmp_path: Path
+) -> None:
+    """The server is killed while a wait sleeps; once it is back on the same file and
+    port, the wait's stream reconnects, registers again, and the settlement made
+    after the restart still wakes it."""
+
+    async def scenario() -> None:
+        async with stdio(server.url) as client:
+            await call(client, "promise-create", id="restart-1", timeout="1h")
+            answer: dict[str, Any] = {}
+            async with anyio.create_task_group() as tg:
+
+                async def wait() -> None:
+                    answer.update(await call(client, "promise-wait", id="restart-1", timeout="60s"))
+
+                tg.start_soon(wait)
+                with anyio.fail_after(20):
+                    while server.answered("promise.register_listener", 200) < 1:
+                        await anyio.sleep(0.05)
+                server.kill()
+                again = LoggedServer(
+                    procs, "sqlite", tmp_path / "troth.db", None, ["--retry-timeout", "1000"],
+                    name="server-again",
+                )  # fmt: skip
+                again.port, again.url = server.port, server.url
+                await anyio.to_thread.run_sync(again.start)
+                with anyio.fail_after(30):  # the stream is back and the wait re-registered
+                    while again.answered("promise.register_listener", 200) < 1:
+                        await anyio.sleep(0.05)
+                await anyio.to_thread.run_sync(settle_from_outside, again, "restart-1", "late")
+            assert answer["settled"] is True and answer["decoded"]["value"] == "late"
 
     anyio.run(scenario)

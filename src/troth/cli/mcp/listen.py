@@ -31,12 +31,15 @@ from typing import Any, Final
 
 import httpx
 
-from troth.cli.remote import RemoteError, Unreachable
+from troth.cli.remote import RemoteError
 
 log = logging.getLogger("troth.mcp")
 
 #: Seconds between attempts to re-open a dropped stream (doubling up to the last).
 RECONNECT: Final = (0.5, 1.0, 2.0, 5.0)
+
+#: Seconds a stream no wait has used stays open (``Listeners``).
+IDLE: Final = 600.0
 
 #: ``(kind, data) -> data`` of one protocol request, raising RemoteError/Unreachable.
 Call = Callable[[str, dict[str, Any]], Awaitable[Any]]
@@ -93,8 +96,10 @@ class Stream:
                         self.dropped = asyncio.Event()
                         self.up.set()
                         await self._read(r)
-                except httpx.HTTPError as exc:
+                except (httpx.HTTPError, OSError) as exc:
                     log.warning("listener stream %s: %s", self.url, exc)
+                except Exception:  # never let the stream die: the waits depend on it
+                    log.exception("listener stream %s failed", self.url)
                 self._drop()
                 await asyncio.sleep(RECONNECT[min(attempt, len(RECONNECT) - 1)])
                 attempt += 1
@@ -185,14 +190,25 @@ async def _until(aw: Awaitable[Any], seconds: float) -> bool:
 
 
 class Listeners:
-    """The streams of one ``troth mcp`` process, one per token in use."""
+    """The streams of one ``troth mcp`` process, one per token in use.
+
+    Over HTTP each client may bring its own token (and tokens expire), so a stream
+    nobody has waited on for :data:`IDLE` seconds is closed when another is asked for.
+    """
 
     def __init__(self, server: str, group: str) -> None:
         self.server = server
         self.group = group
         self.streams: dict[str | None, Stream] = {}
+        self.used: dict[str | None, float] = {}
 
-    def stream(self, token: str | None) -> Stream:
+    async def stream(self, token: str | None) -> Stream:
+        now = asyncio.get_running_loop().time()
+        for other, last in list(self.used.items()):
+            if other != token and now - last > IDLE and not self.streams[other].waiters:
+                del self.used[other]
+                await self.streams.pop(other).close()
+        self.used[token] = now
         stream = self.streams.get(token)
         if stream is None:
             stream = self.streams[token] = Stream(self.server, token, self.group)
@@ -201,6 +217,3 @@ class Listeners:
     async def close(self) -> None:
         for stream in self.streams.values():
             await stream.close()
-
-
-__all__ = ["Call", "Listeners", "RemoteError", "Stream", "Unreachable"]

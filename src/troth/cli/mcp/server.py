@@ -162,7 +162,7 @@ async def _call(state: State, remote: Remote, name: str, args: dict[str, Any]) -
     async def call(kind: str, data: dict[str, Any]) -> Any:
         return await anyio.to_thread.run_sync(lambda: remote.ok(kind, data))
 
-    stream = state.listeners.stream(remote.token)
+    stream = await state.listeners.stream(remote.token)
     return with_decoded(await stream.wait(call, args["id"], seconds))
 
 
