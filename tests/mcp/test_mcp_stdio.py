@@ -105,12 +105,25 @@ def test_wait_returns_when_settled_from_outside(server: LoggedServer) -> None:
             again = await call(client, "promise-wait", id="approval-1", timeout="30s")
             assert again["settled"] is True and again["promise"]["state"] == "resolved"
 
-            # Nobody settles: back after the timeout, still pending.
+            # Nobody settles: back after the timeout, still pending; meanwhile progress
+            # notifications for a client that asked for them.
             await call(client, "promise-create", id="approval-2", timeout="1h")
+            progress: list[tuple[float, float | None, str | None]] = []
+
+            async def on_progress(done: float, total: float | None, message: str | None) -> None:
+                progress.append((done, total, message))
+
             started = time.monotonic()
-            late = await call(client, "promise-wait", id="approval-2", timeout="1s")
-            assert 1.0 <= time.monotonic() - started < 10
+            result = await client.call_tool(
+                "promise-wait", {"id": "approval-2", "timeout": "3s"}, progress_callback=on_progress
+            )
+            assert 3.0 <= time.monotonic() - started < 12
+            late = result.structured_content
             assert late["settled"] is False and late["promise"]["state"] == "pending"
+            assert progress == [
+                (1.0, 3.0, "waiting for approval-2 to settle"),
+                (2.0, 3.0, "waiting for approval-2 to settle"),
+            ]
 
     anyio.run(scenario)
 

@@ -37,6 +37,8 @@ log = logging.getLogger("troth.mcp")
 
 #: How long ``promise-wait`` waits unless told.
 DEFAULT_WAIT: Final = "60s"
+#: Seconds between progress notifications of a long wait.
+PROGRESS_EVERY: Final = 10.0
 
 INSTRUCTIONS: Final = (
     "Durable promises and durable functions on a Resonate server (troth). A promise is "
@@ -84,7 +86,7 @@ def build(config: Config) -> Server[State]:
         state = ctx.lifespan_context
         remote = Remote(state.config.server, _token(ctx, state.config), state.config.timeout)
         try:
-            answer = await _call(state, remote, params.name, params.arguments or {})
+            answer = await _call(ctx, remote, params.name, params.arguments or {})
         except ToolError as exc:
             return _error(str(exc), {"error": str(exc)})
         except RemoteError as exc:
@@ -141,7 +143,9 @@ def _error(text: str, structured: dict[str, Any]) -> types.CallToolResult:
     )
 
 
-async def _call(state: State, remote: Remote, name: str, args: dict[str, Any]) -> Any:
+async def _call(
+    ctx: ServerRequestContext[State], remote: Remote, name: str, args: dict[str, Any]
+) -> Any:
     tool = BY_NAME.get(name)
     if tool is None:
         raise ToolError(f"no tool {name!r}; the tools are {', '.join(BY_NAME)}")
@@ -162,8 +166,35 @@ async def _call(state: State, remote: Remote, name: str, args: dict[str, Any]) -
     async def call(kind: str, data: dict[str, Any]) -> Any:
         return await anyio.to_thread.run_sync(lambda: remote.ok(kind, data))
 
-    stream = await state.listeners.stream(remote.token)
-    return with_decoded(await stream.wait(call, args["id"], seconds))
+    stream = await ctx.lifespan_context.listeners.stream(remote.token)
+    answer: dict[str, Any] = {}
+    failure: Exception | None = None
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_progress, ctx, args["id"], seconds)
+        try:
+            answer = await stream.wait(call, args["id"], seconds)
+        except Exception as exc:  # raised below, not wrapped in the group's ExceptionGroup
+            failure = exc
+        tg.cancel_scope.cancel()
+    if failure is not None:
+        raise failure
+    return with_decoded(answer)
+
+
+async def _progress(ctx: ServerRequestContext[State], id: str, seconds: float) -> None:
+    """Progress notifications while a wait sleeps, for a client that asked for them
+    (a progress token): hosts that reset their tool-call timeout on progress then let
+    a long wait run.  Every 10 s (more often for a short wait); nothing is sent to the
+    server of the protocol."""
+    every = min(PROGRESS_EVERY, max(1.0, seconds / 4))
+    waited = 0.0
+    while waited + every < seconds:
+        await anyio.sleep(every)
+        waited += every
+        try:
+            await ctx.session.report_progress(waited, seconds, f"waiting for {id} to settle")
+        except Exception:  # the client went away: the wait itself will end
+            return
 
 
 # -- transports -------------------------------------------------------------------------------

@@ -243,8 +243,8 @@ TOOLS: Final[tuple[Tool, ...]] = (
         "Create a durable promise: a value that will exist later, settled by whoever "
         "holds its id (a person, another service, an agent). Use it to park on an "
         "approval or any answer from outside: create it, tell the other party its id, "
-        "then call promise-wait. Creating the same id again with the same param is "
-        "harmless (it answers the existing promise). Tagged resonate:external=true so "
+        "then call promise-wait. Creating an id that exists changes nothing and "
+        "answers the existing promise (check its state). Tagged resonate:external=true so "
         "that promise-wait can listen on it.",
         _schema(
             ["id"],
@@ -274,7 +274,8 @@ TOOLS: Final[tuple[Tool, ...]] = (
         "promise-settle",
         "Settle a pending promise: resolve it with a value, reject it with an error, or "
         "cancel it. Whoever waits on it (promise-wait, a workflow) resumes with that "
-        "value. Settling an already settled promise the same way is harmless.",
+        "value. Settling a promise already settled changes nothing: the answer shows "
+        "its actual state and value (check them).",
         _schema(
             ["id", "resolution"],
             id=_with(_ID, "the promise id"),
@@ -287,8 +288,7 @@ TOOLS: Final[tuple[Tool, ...]] = (
     ),
     Tool(
         "promise-search",
-        "List promises by state and tags, newest ids first, a page at a time (pass "
-        "back 'cursor' for the next page).",
+        "List promises by state and tags, a page at a time (pass back 'cursor' for the next page).",
         _schema(
             [],
             state={
@@ -315,8 +315,9 @@ TOOLS: Final[tuple[Tool, ...]] = (
         "after promise-create or invoke to park until a person or a worker answers. "
         "The server pushes the settlement (a listener on this MCP server's stream), "
         "nothing polls. If it returns with settled=false the promise is still pending: "
-        "call promise-wait again (waiting is harmless to repeat). Works on promises "
-        "made by promise-create, invoke, and a workflow's awaited promises.",
+        "call promise-wait again (waiting is harmless to repeat). Works on external "
+        "promises: those made by promise-create or invoke, a workflow's calls to "
+        "worker groups, and the promises a workflow awaits from outside.",
         _schema(
             ["id"],
             id=_with(_ID, "the promise id"),
