@@ -162,3 +162,33 @@ def test_a_wait_survives_a_server_restart(
             assert answer["settled"] is True and answer["decoded"]["value"] == "late"
 
     anyio.run(scenario)
+
+
+def test_schedules(server: LoggedServer) -> None:
+    async def scenario() -> None:
+        async with stdio(server.url) as client:
+            made = await call(
+                client,
+                "schedule-create",
+                id="nightly",
+                cron="0 3 * * *",
+                promiseId="report.{{.timestamp}}",
+                promiseTimeout="2h",
+                promiseTags={"kind": "report"},
+            )
+            s = made["schedule"]
+            assert (s["id"], s["cron"], s["promiseTimeout"]) == ("nightly", "0 3 * * *", 7_200_000)
+            assert s["promiseTags"] == {"kind": "report"}
+            got = await call(client, "schedule-get", id="nightly")
+            assert got["schedule"]["promiseId"] == "report.{{.timestamp}}"
+            found = await call(client, "schedule-search")
+            assert [x["id"] for x in found["schedules"]] == ["nightly"]
+            text, _ = await refused(
+                client, "schedule-create", id="bad", cron="every day", promiseId="x"
+            )
+            assert "400" in text, text
+            await call(client, "schedule-delete", id="nightly")
+            _, info = await refused(client, "schedule-get", id="nightly")
+            assert info["status"] == 404
+
+    anyio.run(scenario)
