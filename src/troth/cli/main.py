@@ -15,8 +15,8 @@ from typing import Any
 
 from troth import __version__
 from troth.bench.options import add_bench_flags
+from troth.cli import mcp as mcp_command
 from troth.cli.client import add_client_commands, run_client
-from troth.cli.mcp import add_mcp_command, run_mcp
 from troth.cli.storage import add_storage_commands, run_storage
 from troth.cli.token import add_token_command, run_token
 from troth.server.config import ConfigError, Settings, load
@@ -153,12 +153,10 @@ def main(argv: list[str] | None = None) -> int:
     bench = sub.add_parser("bench", help="load-test a server (docs/benchmarks.md)")
     add_bench_flags(bench)
     add_client_commands(sub)
+    mcp_command.add_mcp_command(sub)
     add_token_command(sub)
     add_storage_commands(sub)
-    add_mcp_command(sub)
     args = parser.parse_args(argv)
-    if args.command == "mcp":
-        return run_mcp(args)
     if args.command == "token":
         return run_token(args)
     if args.command in ("backup", "migrate-store"):
@@ -169,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
         from troth.bench.runner import run_from_args
 
         return run_from_args(args)
+    if args.command == "mcp":
+        return mcp_command.run_mcp(args)
     try:
         if args.command == "dev":
             settings = settings_from(args, Settings(store="memory", debug=True))
