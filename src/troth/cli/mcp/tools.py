@@ -323,8 +323,7 @@ TOOLS: Final[tuple[Tool, ...]] = (
             id=_with(_ID, "the promise id"),
             timeout=_with(_DURATION, "how long to wait at most, e.g. 30s, 10m (default 60s)"),
         ),
-        None,
-        read_only=True,
+        None,  # registers a listener: harmless, but not a pure read
         idempotent=True,
     ),
     Tool(
