@@ -82,3 +82,33 @@ def test_explain_a_call_stuck_for_want_of_a_worker(server: LoggedServer) -> None
             assert late["settled"] is False
 
     anyio.run(scenario)
+
+
+def test_an_agent_answers_a_workflow_waiting_for_a_person(
+    procs: Procs, python_sdk: PythonSdk, server: LoggedServer
+) -> None:
+    """The other way round: an SDK workflow parks on ``ctx.promise()``; the agent finds
+    it pending, settles it with ``promise-settle`` and reads the workflow's result."""
+    wf = f"mcp-hitl-{uuid.uuid4().hex[:6]}"
+    run = procs.start("hitl", python_sdk.program("hitl.py", "run", "--url", server.url, "--id", wf))
+    [line] = procs.wait_line(run, r"^awaiting \S+$", 60)
+    awaited = line.split()[1]
+
+    async def scenario() -> None:
+        async with stdio(server.url) as client:
+            found = await call(
+                client, "promise-search", state="pending", tags={"resonate:origin": wf}
+            )
+            assert awaited in {p["id"] for p in found["promises"]}
+            settled = await call(
+                client, "promise-settle", id=awaited, resolution="resolve", value={"data": "yes"}
+            )
+            assert settled["promise"]["state"] == "resolved"
+            done: dict[str, Any] = {}
+            with anyio.fail_after(90):
+                while not done.get("settled"):
+                    done = await call(client, "promise-wait", id=wf, timeout="60s")
+            assert done["decoded"]["value"] == f"request {wf}: yes"
+
+    anyio.run(scenario)
+    procs.wait_line(run, rf"^result -> request {wf}: yes$", 30)

@@ -49,8 +49,8 @@ _VALUE: Final = {
     "type": "object",
     "properties": {
         "data": {
-            "description": "the payload: any JSON value (a string goes as its text); "
-            "sent base64-encoded, as the SDKs do"
+            "description": "the payload: any JSON value, sent as the SDKs encode one "
+            "(base64 of its JSON)"
         },
         "headers": {"type": "object", "additionalProperties": {"type": "string"}},
     },
@@ -86,6 +86,17 @@ def _namespace(args: dict[str, Any], **renamed: str) -> argparse.Namespace:
             value = json.dumps(value)
         values[renamed.get(key, key)] = value
     return argparse.Namespace(**values)
+
+
+def _as_json(value: Any) -> Any:
+    """A value whose ``data`` is the JSON text of the agent's ``data``: the CLI
+    encodes that text (base64), so ``data`` goes out as the SDKs encode every
+    value — base64 of JSON, a string included (the text ``yes`` goes as ``"yes"``,
+    quotes and all), which an SDK workflow awaiting the promise can decode.  (The
+    CLI's own flags send a string as its bare text.)"""
+    if isinstance(value, dict) and value.get("data") is not None:
+        return {**value, "data": json.dumps(value["data"], separators=(",", ":"))}
+    return value
 
 
 def _run(build: Callable[[argparse.Namespace], client.Request], ns: argparse.Namespace) -> Any:
@@ -140,7 +151,7 @@ def promise_create(remote: Remote, args: dict[str, Any]) -> Any:
         {
             "id": args["id"],
             "timeout": _get(args, "timeout", "1h"),
-            "param": args.get("param"),
+            "param": _as_json(args.get("param")),
             "tags": {TAG_EXTERNAL: "true", **(_get(args, "tags", {}))},
         }
     )
@@ -158,7 +169,7 @@ def promise_settle(remote: Remote, args: dict[str, Any]) -> Any:
     state = _RESOLUTIONS.get(args["resolution"])
     if state is None:
         raise ToolError("resolution must be resolve, reject or cancel")
-    ns = _namespace({"id": args["id"], "value": args.get("value")})
+    ns = _namespace({"id": args["id"], "value": _as_json(args.get("value"))})
     return _send(remote, _run(client.promise_settle(state), ns))
 
 
@@ -215,7 +226,7 @@ def schedule_create(remote: Remote, args: dict[str, Any]) -> Any:
             "cron": args["cron"],
             "promise_id": args["promiseId"],
             "promise_timeout": _get(args, "promiseTimeout", "1h"),
-            "promise_param": args.get("promiseParam"),
+            "promise_param": _as_json(args.get("promiseParam")),
             "promise_tags": args.get("promiseTags"),
         }
     )
