@@ -35,10 +35,11 @@ def test_invoke_a_workflow_on_a_real_worker_and_read_its_result(
                 func="workflow",
                 id=wf,
                 args=["world"],
-                target="poll://any@workers",
+                target="workers",  # a group's name, as the SDKs take it
                 timeout="5m",
             )
             assert started["promise"]["state"] == "pending"
+            assert started["promise"]["tags"]["resonate:target"] == "poll://any@workers"
             assert started["decoded"]["param"] == {
                 "func": "workflow",
                 "args": ["world"],

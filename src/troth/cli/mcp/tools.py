@@ -188,6 +188,12 @@ def promise_search(remote: Remote, args: dict[str, Any]) -> Any:
 # -- durable functions and workflows ----------------------------------------------------------
 
 
+def _address(target: str) -> str:
+    """A worker group's name as the SDKs resolve one (``workers`` is
+    ``poll://any@workers``); an address (``scheme://…``) as it is."""
+    return target if "://" in target else f"poll://any@{target}"
+
+
 def invoke(remote: Remote, args: dict[str, Any]) -> Any:
     ns = _namespace(
         {
@@ -197,7 +203,7 @@ def invoke(remote: Remote, args: dict[str, Any]) -> Any:
             "json_args": _get(args, "args", []),
             "func_version": _get(args, "version", 1),
             "timeout": _get(args, "timeout", "1h"),
-            "target": _get(args, "target", "poll://any@default"),
+            "target": _address(_get(args, "target", "default")),
             "delay": args.get("delay"),
         }
     )
@@ -351,7 +357,8 @@ TOOLS: Final[tuple[Tool, ...]] = (
             args={"type": "array", "description": "the function's arguments (JSON values)"},
             target=_with(
                 _ID,
-                "the worker group's address (default poll://any@default)",
+                "the worker group: its name (e.g. workers, as the SDKs' target option "
+                "takes it) or an address (poll://any@workers); default: default",
             ),
             version=_with({"type": "integer", "minimum": 1}, "the function's version (1)"),
             timeout=_with(_DURATION, "how long the call may take in all (default 1h)"),
