@@ -32,4 +32,5 @@ def test_without_the_mcp_package(
     capsys.readouterr()
     assert main(["mcp", "--server", "http://127.0.0.1:1"]) == 2
     err = capsys.readouterr().err
-    assert err == "troth: `troth mcp` needs the mcp package: pip install 'troth[mcp]'\n"
+    assert err.startswith("troth: `troth mcp` needs the mcp package: install troth's mcp extra")
+    assert "pip install -e '.[mcp]'" in err and "Traceback" not in err

@@ -4,8 +4,8 @@ An MCP server (stdio by default, Streamable HTTP with ``--http PORT``) whose too
 create, read, settle, search and wait on promises, start durable functions, and
 explain workflows, on any server of the Resonate protocol — a client of it exactly
 as the other client commands are (``--server``/``-S``, ``RESONATE_URL``,
-``-T``/``RESONATE_TOKEN``).  It needs the optional ``mcp`` package
-(``pip install 'troth[mcp]'``); nothing here imports it until the command runs, so
+``-T``/``RESONATE_TOKEN``).  It needs the optional ``mcp`` package (troth's
+``mcp`` extra); nothing here imports it until the command runs, so
 ``troth --help`` works without it.  docs/mcp.md says how to use it.
 """
 
@@ -53,7 +53,8 @@ def run_mcp(args: argparse.Namespace) -> int:
     except ImportError as exc:
         if getattr(exc, "name", "") and str(exc.name).split(".")[0] in ("mcp", "mcp_types"):
             print(
-                "troth: `troth mcp` needs the mcp package: pip install 'troth[mcp]'",
+                "troth: `troth mcp` needs the mcp package: install troth's mcp extra "
+                "(pip install -e '.[mcp]' in the repository)",
                 file=sys.stderr,
             )
             return EXIT_MISSING
