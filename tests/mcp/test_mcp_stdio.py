@@ -68,6 +68,16 @@ def test_create_read_search_settle(server: LoggedServer) -> None:
             assert "resolution" in text and "Traceback" not in text
             text, _ = await refused(client, "promise-create", id="ask-2", timeout="soon")
             assert "timeout" in text
+            # A promise that takes no listener (not external): the server's 422, and
+            # what to do instead.
+            assert (
+                server.call(
+                    "promise.create", {"id": "plain", "timeoutAt": 10**13, "param": {}, "tags": {}}
+                )[0]
+                == 200
+            )
+            text, info = await refused(client, "promise-wait", id="plain", timeout="5s")
+            assert info["status"] == 422 and "promise-get" in text, text
         assert server.call("promise.get", {"id": "ask-2"})[0] == 404
 
     anyio.run(scenario)

@@ -37,6 +37,11 @@ log = logging.getLogger("troth.mcp")
 
 #: How long ``promise-wait`` waits unless told.
 DEFAULT_WAIT: Final = "60s"
+#: What an agent can do about a promise that takes no listener.
+NOT_EXTERNAL: Final = (
+    " (promise-wait works on external promises: made by promise-create or invoke, "
+    "targeted, timers, or tagged resonate:external=true; read this one with promise-get)"
+)
 #: Seconds between progress notifications of a long wait.
 PROGRESS_EVERY: Final = 10.0
 
@@ -173,7 +178,11 @@ async def _call(
         tg.start_soon(_progress, ctx, args["id"], seconds)
         try:
             answer = await stream.wait(call, args["id"], seconds)
-        except Exception as exc:  # raised below, not wrapped in the group's ExceptionGroup
+        except RemoteError as exc:  # raised below, not wrapped in the group's ExceptionGroup
+            failure = exc
+            if exc.status == 422 and exc.kind == "promise.register_listener":
+                failure = RemoteError(exc.kind, exc.status, f"{exc.message}{NOT_EXTERNAL}")
+        except Exception as exc:
             failure = exc
         tg.cancel_scope.cancel()
     if failure is not None:
