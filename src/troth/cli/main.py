@@ -16,6 +16,7 @@ from typing import Any
 
 from troth import __version__
 from troth.bench.options import add_bench_flags
+from troth.cli import mcp as mcp_command
 from troth.cli.client import add_client_commands, run_client
 from troth.cli.migrate import add_migrate_command, run_migrate
 from troth.cli.storage import add_storage_commands, run_storage
@@ -160,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     bench = sub.add_parser("bench", help="load-test a server (docs/benchmarks.md)")
     add_bench_flags(bench)
     add_client_commands(sub)
+    mcp_command.add_mcp_command(sub)
     add_token_command(sub)
     add_storage_commands(sub)
     add_migrate_command(sub)
@@ -176,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         from troth.bench.runner import run_from_args
 
         return run_from_args(args)
+    if args.command == "mcp":
+        return mcp_command.run_mcp(args)
     try:
         if args.command == "dev":
             settings = settings_from(args, Settings(store="memory", debug=True))
