@@ -13,12 +13,12 @@ import argparse
 import sys
 from typing import Any
 
-from troth import __version__
 from troth.bench.options import add_bench_flags
 from troth.cli.client import add_client_commands, run_client
 from troth.cli.storage import add_storage_commands, run_storage
 from troth.cli.token import add_token_command, run_token
 from troth.server.config import ConfigError, Settings, load
+from troth.version import describe
 
 #: Exit status of a server stopped with Ctrl-C (128 + SIGINT, as a shell reports it).
 EXIT_INTERRUPTED = 130
@@ -143,7 +143,7 @@ def settings_from(args: argparse.Namespace, base: Settings | None = None) -> Set
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="troth", description=__doc__)
-    parser.add_argument("--version", action="version", version=f"troth {__version__}")
+    parser.add_argument("--version", action="version", version=describe())
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the server")
     add_server_flags(serve)

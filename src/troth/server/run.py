@@ -17,6 +17,7 @@ from typing import Any
 
 import uvicorn
 
+from troth import __version__
 from troth.machine.internal import Config
 from troth.outbox import codes
 from troth.outbox.types import DispatchConfig, OutboxSender
@@ -36,6 +37,7 @@ from troth.transport.http import HttpSender, PushTokens
 from troth.transport.nats import NatsLink, NatsSender
 from troth.transport.poll import PollSender, Registry
 from troth.transport.router import Router
+from troth.version import schema_version
 
 #: Seconds a thread may hold the GIL while another waits for it.
 SWITCH_INTERVAL = 0.0005
@@ -209,7 +211,7 @@ def serve_on(settings: Settings, sock: socket.socket | None) -> int:
     app = build_app(settings)
     tune_gc()
     log.info(
-        "troth listening on %s://%s:%d (store=%s%s, debug=%s)",
+        "troth listening on %s://%s:%d (store=%s%s, debug=%s, version=%s, schema=%d)",
         "https" if settings.tls_cert else "http",
         settings.host,
         settings.port,
@@ -218,6 +220,8 @@ def serve_on(settings: Settings, sock: socket.socket | None) -> int:
         if settings.store == "sqlite"
         else "",
         settings.debug,
+        __version__,
+        schema_version(),
     )
     uvicorn.Server(uvicorn_config(app, settings)).run(sockets=None if sock is None else [sock])
     return 0
