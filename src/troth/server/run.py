@@ -31,6 +31,7 @@ from troth.server.direct import http_protocol
 from troth.server.engine import Commit, Engine
 from troth.server.metrics import Metrics
 from troth.server.retention import Archive, RetentionLoop
+from troth.server.stopping import Server
 from troth.store.base import Store
 from troth.store.memory import MemoryStore
 from troth.transport.http import HttpSender, PushTokens
@@ -223,7 +224,8 @@ def serve_on(settings: Settings, sock: socket.socket | None) -> int:
         __version__,
         schema_version(),
     )
-    uvicorn.Server(uvicorn_config(app, settings)).run(sockets=None if sock is None else [sock])
+    server = Server(uvicorn_config(app, settings), app.closing)
+    server.run(sockets=None if sock is None else [sock])
     return 0
 
 
