@@ -55,6 +55,7 @@ pytestmark = [
     ),
     pytest.mark.skipif(
         not Path("/etc/debian_version").exists()
+        or not Path("/usr/bin/python3").exists()
         or subprocess.run(["/usr/bin/python3", "-c", "import ensurepip, venv"]).returncode != 0,
         reason="the image's base is Debian with python3 and python3-venv; as its stand-in "
         "this machine needs both (apt-get install python3 python3-venv)",

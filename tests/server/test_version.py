@@ -70,3 +70,9 @@ def test_the_release_is_set_once_and_the_changelog_names_it() -> None:
     assert re.search(
         rf"^## \[{re.escape(__version__)}\] - \d{{4}}-\d{{2}}-\d{{2}}$", changelog, re.M
     )
+
+
+def test_the_install_instructions_name_the_current_wheel() -> None:
+    wheel = f"troth-{__version__}-py3-none-any.whl"
+    for doc in ("README.md", "docs/install.md"):
+        assert wheel in (ROOT / doc).read_text(), doc
