@@ -1,4 +1,4 @@
-"""The wheel, built once per session from a copy of the tree (helpers/release.py), in
+"""The wheel, built once per session from a copy of the tree (helpers/install.py), in
 a directory others may read: the image test runs troth from it as an unprivileged
 user, who cannot enter pytest's own temporary directories."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.release import ROOT, build_wheel
+from helpers.install import ROOT, build_wheel
 
 
 @pytest.fixture(scope="session")

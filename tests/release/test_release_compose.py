@@ -7,7 +7,7 @@ from typing import Any
 
 import yaml
 
-from helpers.release import ROOT
+from helpers.install import ROOT
 
 COMPOSE = ROOT / "deploy" / "compose.yaml"
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.release import ROOT
+from helpers.install import ROOT
 
 UNIT = ROOT / "deploy" / "systemd" / "troth.service"
 
