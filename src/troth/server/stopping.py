@@ -33,5 +33,5 @@ class Server(uvicorn.Server):
         """The signal handler (on the loop's thread, between two steps of it): the
         event is set by the loop itself, never from inside whatever it interrupted."""
         super().handle_exit(sig, frame)
-        if self.loop is not None:
+        if self.loop is not None and not self.loop.is_closed():
             self.loop.call_soon_threadsafe(self.closing.set)
