@@ -25,6 +25,8 @@ from helpers.browser import Page, checked_page, chromium, require_chromium
 from helpers.hook import hook_server
 from helpers.sdk_env import Procs
 from helpers.troth_process import LoggedServer
+from troth import PROTOCOL_VERSION, __version__
+from troth.version import schema_version
 
 require_chromium()
 playwright_api = pytest.importorskip("playwright.sync_api")
@@ -201,6 +203,9 @@ def test_overview_shows_counts_workers_failed_deliveries_and_live_charts(
     assert "wf-fail" in failed and "troth.http.status_404" in failed
     assert "No worker group seen yet" in failed  # nobody ever connected on this node
     assert "Nodes" in failed and page.base in failed  # this node, by its URL
+    expect(pg.locator("#about")).to_have_text(
+        f"troth {__version__} · schema {schema_version()} · protocol {PROTOCOL_VERSION}"
+    )
     page.shot("overview")
 
 

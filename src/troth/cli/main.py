@@ -14,7 +14,6 @@ import argparse
 import sys
 from typing import Any
 
-from troth import __version__
 from troth.bench.options import add_bench_flags
 from troth.cli import mcp as mcp_command
 from troth.cli.client import add_client_commands, run_client
@@ -22,6 +21,7 @@ from troth.cli.migrate import add_migrate_command, run_migrate
 from troth.cli.storage import add_storage_commands, run_storage
 from troth.cli.token import add_token_command, run_token
 from troth.server.config import ConfigError, Settings, load
+from troth.version import describe
 
 #: Exit status of a server stopped with Ctrl-C (128 + SIGINT, as a shell reports it).
 EXIT_INTERRUPTED = 130
@@ -152,7 +152,7 @@ def settings_from(args: argparse.Namespace, base: Settings | None = None) -> Set
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="troth", description=__doc__)
-    parser.add_argument("--version", action="version", version=f"troth {__version__}")
+    parser.add_argument("--version", action="version", version=describe())
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the server")
     add_server_flags(serve)

@@ -41,6 +41,7 @@ from troth.store.base import Outcome, StoreUnavailable
 from troth.transport.nats import NatsLink
 from troth.transport.poll import Connection, Full, Registry
 from troth.ui import Dashboard
+from troth.version import health as build_health
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -292,7 +293,7 @@ class App:
                 return
             await self.protocol(scope, receive, send)
         elif path == "/health":
-            await respond(send, 200, {"status": "ok"})
+            await respond(send, 200, build_health())
         elif path == "/ready":
             await self.ready(send)
         elif path.startswith("/poll/") and method == "GET":

@@ -17,7 +17,7 @@ from typing import Any
 
 import uvicorn
 
-from troth import redact
+from troth import __version__, redact
 from troth.machine.internal import Config
 from troth.outbox import codes
 from troth.outbox.types import DispatchConfig, OutboxSender
@@ -33,12 +33,14 @@ from troth.server.engine import Commit, Engine
 from troth.server.metrics import Metrics
 from troth.server.retention import Archive, RetentionLoop
 from troth.server.scrape import StoreGauges
+from troth.server.stopping import Server
 from troth.store.base import Store
 from troth.store.memory import MemoryStore
 from troth.transport.http import HttpSender, PushTokens
 from troth.transport.nats import NatsLink, NatsSender
 from troth.transport.poll import PollSender, Registry
 from troth.transport.router import Router
+from troth.version import schema_version
 
 #: Seconds a thread may hold the GIL while another waits for it.
 SWITCH_INTERVAL = 0.0005
@@ -256,7 +258,7 @@ def serve_on(settings: Settings, sock: socket.socket | None) -> int:
     app = build_app(settings)
     tune_gc()
     log.info(
-        "troth listening on %s://%s:%d (store=%s%s, debug=%s)",
+        "troth listening on %s://%s:%d (store=%s%s, debug=%s, version=%s, schema=%d)",
         "https" if settings.tls_cert else "http",
         settings.host,
         settings.port,
@@ -265,8 +267,11 @@ def serve_on(settings: Settings, sock: socket.socket | None) -> int:
         if settings.store == "sqlite"
         else "",
         settings.debug,
+        __version__,
+        schema_version(),
     )
-    uvicorn.Server(uvicorn_config(app, settings)).run(sockets=None if sock is None else [sock])
+    server = Server(uvicorn_config(app, settings), app.closing)
+    server.run(sockets=None if sock is None else [sock])
     return 0
 
 

@@ -800,3 +800,10 @@ $("#signout").addEventListener("click", () => {
 });
 window.addEventListener("hashchange", () => route(true));
 route();
+
+/** The footer names the build this server runs (release, schema, protocol), read from
+ * GET /health, which needs no token. */
+fetch("/health")
+  .then((r) => r.json())
+  .then((b) => { $("#about").textContent = `troth ${b.version} · schema ${b.schema} · protocol ${b.protocol}`; })
+  .catch(() => {});
