@@ -150,3 +150,32 @@ def test_urls_in_log_lines_lose_their_credentials_and_query_values() -> None:
     assert redact.url("https://u:key@hooks.example/x") == "https://***@hooks.example/x"
     assert redact.url("http://h:8080/run") == "http://h:8080/run"
     assert redact.url("not a url") == "not a url"
+
+
+def test_the_handler_writes_to_the_stderr_of_the_moment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process (a test run, a daemoniser) that swaps stderr after logging was
+    configured keeps its lines: the handler looks ``sys.stderr`` up per line."""
+    import io
+    import logging
+    import sys
+
+    from troth.server import logs
+
+    first, second = io.StringIO(), io.StringIO()
+    root = logging.getLogger()
+    saved = (list(root.handlers), root.level)
+    try:
+        monkeypatch.setattr(sys, "stderr", first)
+        logs.configure("info", "plain")
+        logging.getLogger("troth.test").info("before the swap")
+        first.close()
+        monkeypatch.setattr(sys, "stderr", second)
+        logging.getLogger("troth.test").info("after the swap")
+    finally:
+        for handler in list(root.handlers):
+            root.removeHandler(handler)
+        for handler in saved[0]:
+            root.addHandler(handler)
+        root.setLevel(saved[1])
+    assert "after the swap" in second.getvalue()
+    assert PLAIN.match(second.getvalue())

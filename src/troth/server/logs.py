@@ -70,6 +70,24 @@ class JsonFormatter(logging.Formatter):
         return _encode(out).decode()
 
 
+class StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """A handler writing to whatever ``sys.stderr`` is when a line is written, not
+    the stream it was when the handler was made: a process (or a test run) that
+    swaps stderr after logging is configured keeps its lines instead of writing
+    them to a closed file."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self) -> IO[str]:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: IO[str]) -> None:
+        """Ignored: the stream is always the current ``sys.stderr``."""
+
+
 def formatter(log_format: str) -> logging.Formatter:
     if log_format == "json":
         return JsonFormatter()
@@ -80,7 +98,7 @@ def configure(level: str, log_format: str, stream: IO[str] | None = None) -> log
     """Install the one handler (on stderr) every logger of the process writes
     through, replacing any the root logger had; uvicorn's loggers keep no handler of
     their own and propagate to it."""
-    handler = logging.StreamHandler(stream or sys.stderr)
+    handler: logging.Handler = StderrHandler() if stream is None else logging.StreamHandler(stream)
     handler.setFormatter(formatter(log_format))
     root = logging.getLogger()
     for old in list(root.handlers):
