@@ -49,7 +49,11 @@ def open_store(settings: Settings) -> Store:
     if settings.store == "postgres":
         from troth.store.postgres import PostgresStore
 
-        return PostgresStore(settings.postgres_url)
+        return PostgresStore(
+            settings.postgres_url,
+            pooled=settings.postgres_pool_mode == "transaction",
+            readers=settings.postgres_readers,
+        )
     from troth.store.sqlite import SqliteStore
 
     return SqliteStore(settings.db, synchronous=settings.synchronous)
@@ -108,6 +112,7 @@ def build_app(settings: Settings, store: Store | None = None) -> App:
             node=node,
             url=settings.url,
             node_timeout=settings.node_timeout,
+            listen_url=settings.postgres_listen_url,
         )
         watched = cluster
         metrics.gauge("troth_store_batch_reruns", lambda: float(store.retries))
@@ -187,6 +192,7 @@ def serve(settings: Settings) -> int:
             settings.auth_publickey, settings.auth_issuer, settings.auth_audience
         )
         check_tls(settings)
+        check_postgres(settings)
     except ConfigError as exc:
         print(f"troth: {exc}", file=sys.stderr)
         return 2
@@ -221,6 +227,24 @@ def serve_on(settings: Settings, sock: socket.socket | None) -> int:
     )
     uvicorn.Server(uvicorn_config(app, settings)).run(sockets=None if sock is None else [sock])
     return 0
+
+
+def check_postgres(settings: Settings) -> None:
+    """Connect once before serving (``store/postgres/probe.py``): a refused
+    certificate or password, or a pooler the settings do not expect, stops the
+    server with one clear line (exit 2) rather than failing its requests."""
+    if settings.store != "postgres":
+        return
+    from troth.store.postgres.probe import ProbeFailed, probe
+
+    try:
+        probe(
+            settings.postgres_url,
+            pooled=settings.postgres_pool_mode == "transaction",
+            listen_url=settings.postgres_listen_url,
+        )
+    except ProbeFailed as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def check_tls(settings: Settings) -> None:

@@ -64,15 +64,26 @@ class PostgresStore(Session, Store):
     #: Between batches the writer's connection holds a transaction that ran nothing
     #: but its BEGIN (``Session.begun``): a server-wide idle-in-transaction timeout
     #: must not close it (it holds no lock and no snapshot).
-    settings = ("SET idle_in_transaction_session_timeout = 0",)
+    settings = ("idle_in_transaction_session_timeout = 0",)
     uses_keys = True
     outbox: PostgresOutbox
 
     def __init__(
-        self, url: str, *, max_attempts: int = MAX_ATTEMPTS, lock_timeout: float = LOCK_TIMEOUT
+        self,
+        url: str,
+        *,
+        max_attempts: int = MAX_ATTEMPTS,
+        lock_timeout: float = LOCK_TIMEOUT,
+        pooled: bool = False,
+        readers: int = 2,
     ) -> None:
         Store.__init__(self)
-        Session.__init__(self, url, max_attempts=max_attempts, lock_timeout=lock_timeout)
+        Session.__init__(
+            self, url, max_attempts=max_attempts, lock_timeout=lock_timeout, pooled=pooled
+        )
+        #: Connections (and threads) serving read-only requests; 0: the writer's.
+        self.readers = readers
+        self.pooled_reads = readers > 0
         #: Batches re-run after a job was set aside (``retries``: after a conflict).
         self.reruns = 0
         try:
@@ -321,13 +332,18 @@ class PostgresStore(Session, Store):
         with self._sessions_opening:
             session = self._sessions.get(kind)
             if session is None:
-                session = kind(
-                    self.url, max_attempts=self.max_attempts, lock_timeout=self.lock_timeout
-                )
+                session = kind(**self.session_options())
                 self._sessions[kind] = session
             return session
 
-    pooled_reads = True
+    def session_options(self) -> dict[str, Any]:
+        """What another session of this store connects with."""
+        return {
+            "url": self.url,
+            "max_attempts": self.max_attempts,
+            "lock_timeout": self.lock_timeout,
+            "pooled": self.pooled,
+        }
 
     def read_many(self, jobs: Sequence[Job[Any]]) -> list[Outcome[Any]]:
         """In one REPEATABLE READ snapshot on the calling thread's own session, locking
@@ -338,9 +354,7 @@ class PostgresStore(Session, Store):
         session = self._readers.get(ident)
         if session is None:
             try:
-                session = ReadSession(
-                    self.url, max_attempts=self.max_attempts, lock_timeout=self.lock_timeout
-                )
+                session = ReadSession(**self.session_options())
             except psycopg.OperationalError as exc:
                 raise StoreUnavailable(f"postgres unreachable: {exc}") from exc
             with self._sessions_opening:
