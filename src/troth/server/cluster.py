@@ -16,7 +16,9 @@ request that produced it was served.  How:
   what it can deliver itself; if messages of that commit are left, it sends
   ``NOTIFY troth`` (on the outbox connection, ``PostgresOutbox.notify``), and so it
   does for a deadline earlier than the one its timer sleeps until.  Every node
-  LISTENs: the node holding the connection sweeps at once, every timer learns of
+  LISTENs (on ``postgres_listen_url`` when set: behind a pooler in transaction
+  mode LISTEN needs a direct connection, and without one the node does not
+  listen): the node holding the connection sweeps at once, every timer learns of
   earlier deadlines.  Not in the batch's own transaction: a notifying COMMIT takes
   a database-wide lock through its WAL flush, which would serialise the writers'
   commits across nodes.  No polling on the hot path: the delivery loop's 1 s
