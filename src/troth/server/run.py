@@ -53,6 +53,7 @@ def open_store(settings: Settings) -> Store:
             settings.postgres_url,
             pooled=settings.postgres_pool_mode == "transaction",
             readers=settings.postgres_readers,
+            outage_wait=settings.postgres_outage_wait,
         )
     from troth.store.sqlite import SqliteStore
 

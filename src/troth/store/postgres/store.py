@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -51,6 +52,9 @@ log = logging.getLogger("troth.store.postgres")
 
 T = TypeVar("T")
 
+#: Seconds between attempts to reach an unreachable database (``outage_wait``).
+OUTAGE_POLL = 0.2
+
 
 class PostgresStore(Session, Store):
     """A PostgreSQL database shared by any number of troth processes.
@@ -76,6 +80,7 @@ class PostgresStore(Session, Store):
         lock_timeout: float = LOCK_TIMEOUT,
         pooled: bool = False,
         readers: int = 2,
+        outage_wait: float = 0.0,
     ) -> None:
         Store.__init__(self)
         Session.__init__(
@@ -83,6 +88,15 @@ class PostgresStore(Session, Store):
         )
         #: Connections (and threads) serving read-only requests; 0: the writer's.
         self.readers = readers
+        #: Seconds a batch waits for an unreachable database before its requests get
+        #: 503 (``postgres_outage_wait``): a failover or restart of a second or two
+        #: then costs the clients a slower answer, not a failed request.
+        self.outage_wait = outage_wait
+        #: Set when a batch waited ``outage_wait`` in vain, cleared by the next batch
+        #: that reaches the database: while set, batches do not wait again (a long
+        #: outage answers 503 at once, and a request queued behind a waiting batch
+        #: waits once, not once per batch ahead of it).
+        self.gave_up = False
         self.pooled_reads = readers > 0
         #: Batches re-run after a job was set aside (``retries``: after a conflict).
         self.reruns = 0
@@ -148,9 +162,12 @@ class PostgresStore(Session, Store):
             careful = False
             claiming = True
             self._claimed = None
+            unreachable_since: float | None = None
             while True:
                 try:
-                    return self._attempt(jobs, aside, prelock, careful, claiming)
+                    outcomes = self._attempt(jobs, aside, prelock, careful, claiming)
+                    self.gave_up = False
+                    return outcomes
                 except _Rerun:
                     self.rollback()
                     self.reruns += 1
@@ -185,6 +202,19 @@ class PostgresStore(Session, Store):
                 except Exception as exc:  # BEGIN or COMMIT failed: nothing to re-run safely
                     self.rollback()
                     if isinstance(exc, psycopg.OperationalError):
+                        # Not a COMMIT (one cut off is StoreUnavailable, its outcome
+                        # unknown): the connection could not be (re)opened, nothing of
+                        # the batch took effect, and it may run again once it can.
+                        now = time.monotonic()
+                        if unreachable_since is None:
+                            unreachable_since = now
+                        left = unreachable_since + self.outage_wait - now
+                        if left > 0 and not self.gave_up:
+                            log.debug("waiting for postgres (%.1f s left): %s", left, exc)
+                            time.sleep(min(OUTAGE_POLL, left))
+                            failures = 0
+                            continue
+                        self.gave_up = True
                         unavailable = StoreUnavailable(f"postgres unreachable: {exc}")
                         unavailable.__cause__ = exc
                         return [Outcome(error=unavailable) for _ in jobs]
