@@ -40,11 +40,9 @@ class PgCluster:
     port: int
     conf: Path  # /etc/postgresql/{version}/{name}
 
-    def url(self, **params: str) -> str:
+    def url(self, db: str = "postgres", **params: str) -> str:
         query = "&".join(f"{k}={v}" for k, v in params.items())
-        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres" + (
-            f"?{query}" if query else ""
-        )
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{db}" + (f"?{query}" if query else "")
 
     def log(self) -> str:
         path = Path(f"/var/log/postgresql/postgresql-{VERSION}-{self.name}.log")
@@ -87,6 +85,48 @@ def throwaway_cluster(
             _run("pg_ctlcluster", "--skip-systemctl-redirect", VERSION, name, "start")
         except RuntimeError as exc:
             raise RuntimeError(f"{exc}\n{cluster.log()}") from None
+        yield cluster
+    finally:
+        subprocess.run(
+            ["pg_dropcluster", "--stop", VERSION, name], capture_output=True, timeout=120
+        )
+
+
+def ctl(cluster: PgCluster, action: str, *options: str) -> None:
+    """``pg_ctlcluster`` on it: ``start``, ``stop`` (``-m immediate``: a crash),
+    ``promote``, ``reload``."""
+    try:
+        _run("pg_ctlcluster", "--skip-systemctl-redirect", *options, VERSION, cluster.name, action)
+    except RuntimeError as exc:
+        raise RuntimeError(f"{exc}\n{cluster.log()}") from None
+
+
+@contextmanager
+def standby_of(primary: PgCluster, settings: dict[str, str], hba: str) -> Iterator[PgCluster]:
+    """A streaming standby of ``primary`` (``pg_basebackup -R``), started; named
+    ``standby`` to its primary (``application_name`` of its replication
+    connection); dropped afterwards."""
+    name = f"troth_{uuid.uuid4().hex[:8]}"
+    port = free_port()
+    cluster = PgCluster(name, port, Path(f"/etc/postgresql/{VERSION}/{name}"))
+    _run("pg_createcluster", VERSION, name, "-p", str(port))
+    try:
+        data = Path(f"/var/lib/postgresql/{VERSION}/{name}")
+        for entry in data.iterdir():  # the directory stays: it is the server user's
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+        source = f"host=127.0.0.1 port={primary.port} user=postgres application_name=standby"
+        _run(
+            *["runuser", "-u", "postgres", "--", "pg_basebackup"],
+            *["-d", source, "-D", str(data), "-R", "-X", "stream", "-c", "fast"],
+        )
+        lines = ["listen_addresses = '127.0.0.1'"]
+        lines += [f"{k} = {v}" for k, v in settings.items()]
+        (cluster.conf / "conf.d" / "troth-test.conf").write_text("\n".join(lines) + "\n")
+        (cluster.conf / "pg_hba.conf").write_text(hba)
+        ctl(cluster, "start")
         yield cluster
     finally:
         subprocess.run(
