@@ -137,7 +137,7 @@ def pipelined(
     if commit:
         sent.append(("COMMIT", None))
         if begin:
-            sent += cur.begin_statements()
+            sent.extend(cur.begin_statements())
     results = cur.run(sent)
     return None if fetch is None else results[len(statements)] or []
 

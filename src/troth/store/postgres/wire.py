@@ -536,6 +536,7 @@ class WireCursor:
     ) -> None:
         self.connection = conn
         self.wire = Wire(conn, prepare=prepare, after_begin=after_begin)
+        self._begin: list[tuple[str, Any]] = [(BEGIN, None), *((sql, None) for sql in after_begin)]
         self.cur = conn.cursor()
         self._rows: Rows | None = None
         self._at = 0
@@ -566,7 +567,7 @@ class WireCursor:
 
     def begin_statements(self) -> list[tuple[str, Any]]:
         """A BEGIN to send as a statement of a pipeline, with what follows it."""
-        return [(BEGIN, None), *((sql.decode(), None) for sql in self.wire.after_begin)]
+        return self._begin
 
     def _begin_here(self) -> None:
         """Before psycopg itself starts a transaction: start it through the wire when
