@@ -21,6 +21,7 @@ import psycopg
 import pytest
 
 from helpers.pg import throwaway_database
+from helpers.pgbouncer import needs_pgbouncer, pgbouncer
 from helpers.sse import stream
 from helpers.support import RunningServer, running_server
 from troth.outbox import codes
@@ -38,10 +39,32 @@ def url() -> Iterator[str]:
         yield u
 
 
+@pytest.fixture(
+    scope="module",
+    params=["direct", pytest.param("pgbouncer-transaction", marks=needs_pgbouncer)],
+)
+def base(url: str, request: pytest.FixtureRequest) -> Iterator[Settings]:
+    """The nodes' settings: on the database directly, or through PgBouncer in
+    transaction mode with LISTEN on a direct connection (``url`` stays direct: the
+    tests read the database with it)."""
+    settings = Settings(
+        store="postgres", postgres_url=url, debug=True, access_log=False, keepalive=0.2
+    )
+    if request.param == "direct":
+        yield settings
+        return
+    with pgbouncer("transaction", pool_size=10) as bouncer:
+        yield replace(
+            settings,
+            postgres_url=bouncer.url(url),
+            postgres_pool_mode="transaction",
+            postgres_listen_url=url,
+        )
+
+
 @pytest.fixture
-def nodes(url: str) -> Iterator[tuple[RunningServer, RunningServer]]:
+def nodes(url: str, base: Settings) -> Iterator[tuple[RunningServer, RunningServer]]:
     """Nodes ``a`` and ``b`` on one emptied database, loops running."""
-    base = Settings(store="postgres", postgres_url=url, debug=True, access_log=False, keepalive=0.2)
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("TRUNCATE promises, tasks, schedules, outbox, nodes, connections")
     with (
@@ -248,8 +271,7 @@ def test_a_live_node_still_holding_a_connection_is_preferred_over_the_fallback(
         assert outbox_row(url, f"m{i}")["claimed_by"] == "b"
 
 
-def test_a_node_leaving_deregisters(url: str) -> None:
-    base = Settings(store="postgres", postgres_url=url, debug=True, access_log=False, keepalive=0.2)
+def test_a_node_leaving_deregisters(url: str, base: Settings) -> None:
     with running_server(replace(base, node_id="leaver")), psycopg.connect(url) as conn:
         assert conn.execute("SELECT count(*) FROM nodes WHERE node = 'leaver'").fetchone() == (1,)
     with psycopg.connect(url) as conn:

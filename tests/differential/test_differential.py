@@ -44,6 +44,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from helpers.pgbouncer import needs_pgbouncer
 from model.machine import external, project
 from model.mapping import Differential, troth_for
 
@@ -53,6 +54,9 @@ DEFAULT_EXAMPLES = 200
 #: bugs are in SQL, which the store contract tests cover too; a long run
 #: (``TROTH_DIFF_EXAMPLES``) runs the same number on every backend.
 DEFAULT_PG_EXAMPLES = 50
+#: Through PgBouncer in transaction mode: the same SQL, sent unprepared, each
+#: transaction with its settings; fewer still, as a check of the pooled path.
+DEFAULT_POOLED_EXAMPLES = 20
 EXAMPLES = int(os.environ.get("TROTH_DIFF_EXAMPLES", DEFAULT_EXAMPLES))
 STEPS = int(os.environ.get("TROTH_DIFF_STEPS", 40))
 _seed_env = os.environ.get("TROTH_DIFF_SEED")
@@ -448,6 +452,12 @@ class PostgresDifferential(DifferentialMachine):
     store = "postgres"
 
 
+class PooledDifferential(DifferentialMachine):
+    """PostgreSQL through PgBouncer in transaction mode (``postgres_pool_mode``)."""
+
+    store = "postgres-transaction"
+
+
 SETTINGS = settings(
     max_examples=EXAMPLES,
     stateful_step_count=STEPS,
@@ -468,13 +478,21 @@ CHUNK = 500
 @pytest.mark.timeout(0 if SEED is not None else 600)  # a long run takes as long as it takes
 @pytest.mark.parametrize(
     "machine",
-    [MemoryDifferential, SqliteDifferential, PostgresDifferential],
-    ids=["memory", "sqlite", "postgres"],
+    [
+        MemoryDifferential,
+        SqliteDifferential,
+        PostgresDifferential,
+        pytest.param(PooledDifferential, marks=needs_pgbouncer),
+    ],
+    ids=["memory", "sqlite", "postgres", "pgbouncer-transaction"],
 )
 def test_troth_agrees_with_the_model(machine: type[DifferentialMachine]) -> None:
     """Random scripts: every answer, every store and every property, after every step."""
     if SEED is None:
-        examples = DEFAULT_PG_EXAMPLES if machine is PostgresDifferential else EXAMPLES
+        examples = {
+            PostgresDifferential: DEFAULT_PG_EXAMPLES,
+            PooledDifferential: DEFAULT_POOLED_EXAMPLES,
+        }.get(machine, EXAMPLES)
         run_state_machine_as_test(machine, settings=settings(SETTINGS, max_examples=examples))
         return
     for i, start in enumerate(range(0, EXAMPLES, CHUNK)):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import itertools
 import pprint
 import tempfile
@@ -32,6 +33,7 @@ from typing import Any, NoReturn
 import httpx
 
 from helpers import pg
+from helpers.pgbouncer import pgbouncer
 from model import machine as m
 from model.properties import (
     internal_failures,
@@ -184,12 +186,19 @@ class Troth:
 
     def __init__(self, store: str) -> None:
         self.store = store
+        # "postgres-transaction": PostgreSQL through PgBouncer in transaction mode.
+        backend, _, pool_mode = store.partition("-")
         self.dir = tempfile.TemporaryDirectory(prefix="troth-diff-")
-        self.database = pg.create_database("troth_diff") if store == "postgres" else None
+        self.database = pg.create_database("troth_diff") if backend == "postgres" else None
+        self.pooler = contextlib.ExitStack()
+        url = self.database or ""
+        if pool_mode:
+            url = self.pooler.enter_context(pgbouncer(pool_mode)).url(url)
         settings = Settings(
-            store=store,
+            store=backend,
             db=str(Path(self.dir.name) / "troth.db"),
-            postgres_url=self.database or "",
+            postgres_url=url,
+            postgres_pool_mode=pool_mode or "session",
             debug=True,
             access_log=False,
         )
@@ -202,6 +211,7 @@ class Troth:
         except BaseException:
             self.loop.call_soon_threadsafe(self.loop.stop)
             self.dir.cleanup()
+            self.pooler.close()
             if self.database is not None:
                 pg.drop_database(self.database)
             raise
@@ -247,6 +257,7 @@ class Troth:
             self.thread.join(10)
             self.dir.cleanup()
         finally:
+            self.pooler.close()
             if self.database is not None:
                 pg.drop_database(self.database)
 

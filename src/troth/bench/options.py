@@ -49,6 +49,10 @@ class Options:
     postgres_url: str | None = None
     #: Where throwaway databases are created and dropped (a maintenance database).
     postgres_admin: str = "postgresql://postgres@127.0.0.1:5432/postgres"
+    #: The nodes' ``postgres_pool_mode`` and ``postgres_listen_url`` (a pooler in
+    #: front of ``postgres_url``: docs/operations.md, "Behind a connection pooler").
+    postgres_pool_mode: str = "session"
+    postgres_listen_url: str | None = None
     nodes: tuple[int, ...] = (1,)  # node counts to run the workloads with (postgres only)
     #: The nodes as one ``troth serve --workers N`` on one port (not N servers).
     one_port: bool = False
@@ -164,6 +168,13 @@ def add_bench_flags(p: argparse.ArgumentParser) -> None:
         help="database the nodes share with --store postgres (default: a throwaway database"
         " created on postgresql://postgres@127.0.0.1:5432/postgres and dropped afterwards)",
     )
+    p.add_argument(
+        "--postgres-pool-mode",
+        choices=["session", "transaction"],
+        default=d.postgres_pool_mode,
+        help="the nodes' postgres_pool_mode (a pooler in transaction mode at --postgres-url)",
+    )
+    p.add_argument("--postgres-listen-url", help="the nodes' postgres_listen_url (direct)")
     p.add_argument(
         "--postgres-admin-url",
         default=d.postgres_admin,
@@ -301,6 +312,8 @@ def options_from(args: argparse.Namespace) -> Options:
         synchronous=args.synchronous,
         postgres_url=args.postgres_url,
         postgres_admin=args.postgres_admin_url,
+        postgres_pool_mode=args.postgres_pool_mode,
+        postgres_listen_url=args.postgres_listen_url,
         nodes=args.nodes,
         one_port=args.one_port,
         peers=args.peers,

@@ -449,11 +449,20 @@ class Bench:
                 self.workdir / "unused.db",
                 synchronous=self.opts.synchronous,
                 postgres_url=url,
-                extra=self.nats_flags() + (["--workers", str(nodes)] if one_port else []),
+                extra=self.nats_flags()
+                + self.pool_flags()
+                + (["--workers", str(nodes)] if one_port else []),
             )
             for k in range(1 if one_port else nodes)
         ]
         await self.on_servers(servers, url, run, label if self.opts.store == "postgres" else "")
+
+    def pool_flags(self) -> list[str]:
+        """The nodes' pooler settings (``--postgres-pool-mode``, ``--postgres-listen-url``)."""
+        flags = ["--postgres-pool-mode", self.opts.postgres_pool_mode]
+        if self.opts.postgres_listen_url:
+            flags += ["--postgres-listen-url", self.opts.postgres_listen_url]
+        return flags
 
     async def on_servers(
         self, servers: list[ServerProcess], url: str | None, run: str, label: str

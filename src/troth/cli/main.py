@@ -35,6 +35,10 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--db", help="SQLite database file (default troth.db)")
     p.add_argument("--synchronous", choices=["full", "normal"], help="SQLite durability")
     p.add_argument("--postgres-url", help="PostgreSQL connection URI (with --store postgres)")
+    p.add_argument("--postgres-pool-mode", choices=["session", "transaction"], help="pooler mode")
+    p.add_argument("--postgres-listen-url", help="direct PostgreSQL URI for LISTEN (pooled)")
+    p.add_argument("--postgres-readers", type=int, help="connections for reads (default 2)")
+    p.add_argument("--postgres-outage-wait", type=float, help="seconds to wait for the db (5)")
     p.add_argument(
         "--debug",
         action="store_const",
@@ -108,6 +112,10 @@ def settings_from(args: argparse.Namespace, base: Settings | None = None) -> Set
         "db": args.db,
         "synchronous": args.synchronous,
         "postgres_url": args.postgres_url,
+        "postgres_pool_mode": args.postgres_pool_mode,
+        "postgres_listen_url": args.postgres_listen_url,
+        "postgres_readers": args.postgres_readers,
+        "postgres_outage_wait": args.postgres_outage_wait,
         "debug": args.debug,
         "retry_timeout": args.retry_timeout,
         "max_body": args.max_body,

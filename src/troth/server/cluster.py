@@ -16,7 +16,9 @@ request that produced it was served.  How:
   what it can deliver itself; if messages of that commit are left, it sends
   ``NOTIFY troth`` (on the outbox connection, ``PostgresOutbox.notify``), and so it
   does for a deadline earlier than the one its timer sleeps until.  Every node
-  LISTENs: the node holding the connection sweeps at once, every timer learns of
+  LISTENs (on ``postgres_listen_url`` when set: behind a pooler in transaction
+  mode LISTEN needs a direct connection, and without one the node does not
+  listen): the node holding the connection sweeps at once, every timer learns of
   earlier deadlines.  Not in the batch's own transaction: a notifying COMMIT takes
   a database-wide lock through its WAL flush, which would serialise the writers'
   commits across nodes.  No polling on the hot path: the delivery loop's 1 s
@@ -85,6 +87,7 @@ class Cluster:
         node: str,
         url: str,
         node_timeout: float,
+        listen_url: str = "",
     ) -> None:
         if node_timeout <= 0:
             raise ValueError("node_timeout must be > 0 (seconds)")
@@ -95,6 +98,9 @@ class Cluster:
         self.node = node
         self.url = url
         self.node_timeout = node_timeout
+        #: Where LISTEN connects: it needs a session, which a pooler in transaction
+        #: mode does not keep (the store's URL serves when it is not pooled).
+        self.listen_url = listen_url or ("" if store.pooled else store.url)
         self.heartbeat_every = node_timeout / 5
         self._reach: tuple[list[str], list[str]] = ([], [])
         self._published: set[tuple[str, str]] = set()
@@ -122,10 +128,17 @@ class Cluster:
         self.engine.on_deadline = self.announce_deadline
         self.registry.on_change = self._changed
         self._changed()
-        self._tasks = [
-            asyncio.create_task(self._listen(), name="troth-cluster-listen"),
-            asyncio.create_task(self._heartbeat(), name="troth-cluster-heartbeat"),
-        ]
+        self._tasks = [asyncio.create_task(self._heartbeat(), name="troth-cluster-heartbeat")]
+        if not self.listen_url:
+            log.warning(
+                "node %s does not LISTEN: postgres_pool_mode is transaction and no "
+                "postgres_listen_url names a direct connection; other nodes' messages "
+                "and deadlines reach it by the 1 s sweep and the 5 s timer re-read",
+                self.node,
+            )
+            self._listening.set()
+        else:
+            self._tasks.append(asyncio.create_task(self._listen(), name="troth-cluster-listen"))
         # Serve only once peers' announcements can be heard (they are not replayed).
         if not await wait_event(self._listening, LISTEN_WAIT):
             log.warning("node %s serves before it could LISTEN; it keeps trying", self.node)
@@ -306,7 +319,7 @@ class Cluster:
         while True:
             conn: AsyncConn | None = None
             try:
-                conn = await self._connect()
+                conn = await self._connect(self.listen_url, "troth-listen")
                 await conn.execute(f"LISTEN {CHANNEL}")
                 self._listening.set()
                 # Whatever was announced while not listening: look now.
@@ -350,12 +363,14 @@ class Cluster:
 
     # -- connections --------------------------------------------------------------------
 
-    async def _connect(self) -> AsyncConn:
-        params = conninfo_to_dict(self.store.url)
+    async def _connect(self, url: str = "", role: str = "troth-cluster") -> AsyncConn:
+        params = conninfo_to_dict(url or self.store.url)
         params.setdefault("connect_timeout", 10)
-        params["application_name"] = f"troth-cluster:{self.node}"[:63]
+        params["application_name"] = f"{role}:{self.node}"[:63]
         conninfo = make_conninfo("", **params)
-        return await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
+        conn = await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
+        conn.prepare_threshold = None  # no server-side statement outlives its transaction
+        return conn
 
     async def _writer(self) -> AsyncConn:
         """The connection for presence and heartbeats (callers hold ``_lock``)."""

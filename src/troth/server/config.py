@@ -39,6 +39,10 @@ class Settings:
     db: str = "troth.db"
     synchronous: str = "full"  # full | normal (SQLite)
     postgres_url: str = ""  # libpq URI or key=value string (store = postgres)
+    postgres_pool_mode: str = "session"  # transaction: behind PgBouncer's pool_mode=transaction
+    postgres_listen_url: str = ""  # direct (unpooled) URL for LISTEN; default postgres_url
+    postgres_readers: int = 2  # connections serving read-only requests (0: the writer's)
+    postgres_outage_wait: float = 5.0  # seconds a request waits for an unreachable database
     debug: bool = False
     retry_timeout: int = 5000  # ms; how often a pending task re-emits its execute
     max_body: int = 10 * 1024 * 1024  # bytes; larger POST bodies get 413
@@ -86,6 +90,10 @@ class Settings:
             raise ConfigError(f"store must be memory, sqlite or postgres, not {self.store!r}")
         if self.store == "postgres" and not self.postgres_url:
             raise ConfigError("store postgres needs postgres_url (--postgres-url)")
+        if self.postgres_pool_mode not in ("session", "transaction"):
+            raise ConfigError("postgres_pool_mode must be session or transaction")
+        if self.postgres_readers < 0 or self.postgres_outage_wait < 0:
+            raise ConfigError("postgres_readers and postgres_outage_wait must be >= 0")
         if self.synchronous not in ("full", "normal"):
             raise ConfigError(f"synchronous must be full or normal, not {self.synchronous!r}")
         if self.retry_timeout <= 0:

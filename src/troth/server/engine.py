@@ -150,7 +150,7 @@ class Engine:
         if self.store.pooled_reads:
             self._readers = [
                 threading.Thread(target=self._reader, name=f"troth-read-{i}", daemon=True)
-                for i in range(READ_THREADS)
+                for i in range(self.store.readers or READ_THREADS)
             ]
             for reader in self._readers:
                 reader.start()

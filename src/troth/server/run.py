@@ -54,7 +54,12 @@ def open_store(settings: Settings) -> Store:
     if settings.store == "postgres":
         from troth.store.postgres import PostgresStore
 
-        return PostgresStore(settings.postgres_url)
+        return PostgresStore(
+            settings.postgres_url,
+            pooled=settings.postgres_pool_mode == "transaction",
+            readers=settings.postgres_readers,
+            outage_wait=settings.postgres_outage_wait,
+        )
     from troth.store.sqlite import SqliteStore
 
     return SqliteStore(settings.db, synchronous=settings.synchronous)
@@ -121,6 +126,7 @@ def build_app(settings: Settings, store: Store | None = None) -> App:
             node=node,
             url=settings.url,
             node_timeout=settings.node_timeout,
+            listen_url=settings.postgres_listen_url,
         )
         watched = cluster
         metrics.gauge("troth_store_batch_reruns", lambda: float(store.retries))
@@ -210,6 +216,7 @@ def serve(settings: Settings) -> int:
         )
         check_tls(settings)
         check_tracing(settings)
+        check_postgres(settings)
     except ConfigError as exc:
         print(f"troth: {exc}", file=sys.stderr)
         return 2
@@ -286,6 +293,24 @@ def check_tracing(settings: Settings) -> None:
         raise ConfigError(
             f"tracing needs OpenTelemetry: pip install 'troth[otel]' ({exc})"
         ) from None
+
+
+def check_postgres(settings: Settings) -> None:
+    """Connect once before serving (``store/postgres/probe.py``): a refused
+    certificate or password, or a pooler the settings do not expect, stops the
+    server with one clear line (exit 2) rather than failing its requests."""
+    if settings.store != "postgres":
+        return
+    from troth.store.postgres.probe import ProbeFailed, probe
+
+    try:
+        probe(
+            settings.postgres_url,
+            pooled=settings.postgres_pool_mode == "transaction",
+            listen_url=settings.postgres_listen_url,
+        )
+    except ProbeFailed as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def check_tls(settings: Settings) -> None:

@@ -388,6 +388,9 @@ class Store(ABC):
     #: Whether :meth:`read_many` serves read-only requests off the writer (a SQLite
     #: file's WAL readers; PostgreSQL sessions that lock nothing).
     pooled_reads: bool = False
+    #: How many threads call :meth:`read_many` (each with a connection of its own), or
+    #: None for the engine's default.
+    readers: int | None = None
 
     def read_many(self, jobs: Sequence[Job[Any]]) -> list[Outcome[Any]]:
         """Run read-only jobs on the calling thread (one of the engine's reader

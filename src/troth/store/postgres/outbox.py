@@ -76,7 +76,7 @@ class OutboxSession(Session):
     """
 
     application_name = "troth-outbox"
-    settings = ("SET synchronous_commit = off",)
+    settings = ("synchronous_commit = off",)
 
 
 class PostgresOutbox(OutboxStore):
@@ -105,9 +105,7 @@ class PostgresOutbox(OutboxStore):
         with self._opening:
             if self._session is None:
                 store = self.store
-                self._session = OutboxSession(
-                    store.url, max_attempts=store.max_attempts, lock_timeout=store.lock_timeout
-                )
+                self._session = OutboxSession(**store.session_options())
             return self._session
 
     def run(self, fn: Callable[[Cur], T]) -> T:

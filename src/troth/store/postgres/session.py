@@ -20,7 +20,7 @@ from psycopg.pq import Format, TransactionStatus
 from psycopg.types.numeric import IntLoader as NumericInts
 
 from troth.store.base import StoreUnavailable
-from troth.store.postgres.wire import BEGIN, TEXT_ARRAY_OID, WireCursor, text_array
+from troth.store.postgres.wire import TEXT_ARRAY_OID, WireCursor, text_array
 
 T = TypeVar("T")
 
@@ -137,7 +137,7 @@ def pipelined(
     if commit:
         sent.append(("COMMIT", None))
         if begin:
-            sent.append((BEGIN, None))
+            sent.extend(cur.begin_statements())
     results = cur.run(sent)
     return None if fetch is None else results[len(statements)] or []
 
@@ -151,10 +151,14 @@ class Session:
     """
 
     application_name = "troth"
-    #: Session settings sent after connecting (``SET …``).
+    #: Settings of this session's transactions (``name = value``): sent once after
+    #: connecting (``SET …``), or after each BEGIN (``SET LOCAL …``) with
+    #: :attr:`pooled`.
     settings: tuple[str, ...] = ()
 
-    def __init__(self, url: str, *, max_attempts: int, lock_timeout: float) -> None:
+    def __init__(
+        self, url: str, *, max_attempts: int, lock_timeout: float, pooled: bool = False
+    ) -> None:
         if max_attempts < 1:
             raise ValueError("max_attempts must be >= 1")
         if lock_timeout <= 0:
@@ -162,6 +166,11 @@ class Session:
         self.url = url
         self.max_attempts = max_attempts
         self.lock_timeout = lock_timeout
+        #: Behind a pooler in transaction mode: consecutive transactions may run on
+        #: different server connections, so nothing is left on one between them —
+        #: no prepared statement, no session setting, no statement outside a
+        #: transaction that needs one (docs/operations.md, "Behind a connection pooler").
+        self.pooled = pooled
         self.lock = threading.Lock()
         #: Transactions re-run after a conflict.
         self.retries = 0
@@ -169,7 +178,16 @@ class Session:
         #: :func:`pipelined`): as fresh as a new one, so :meth:`_fresh` keeps it.
         self.begun = False
         self.conn = self._connect()
-        self.cur: Cur = WireCursor(self.conn)
+        self.cur: Cur = self._cursor()
+
+    def _all_settings(self) -> tuple[str, ...]:
+        return (f"lock_timeout = {round(self.lock_timeout * 1000)}", *self.settings)
+
+    def _cursor(self) -> Cur:
+        if not self.pooled:
+            return WireCursor(self.conn)
+        local = [f"SET LOCAL {setting}" for setting in self._all_settings()]
+        return WireCursor(self.conn, prepare=False, after_begin=local)
 
     def _connect(self) -> Conn:
         params = conninfo_to_dict(self.url)
@@ -179,11 +197,12 @@ class Session:
         try:
             conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
             conn.adapters.register_loader("numeric", IntLoader)
-            # A session setting (it outlives the transaction that SET it).
-            conn.execute(f"SET lock_timeout = {round(self.lock_timeout * 1000)}")
-            for setting in self.settings:
-                conn.execute(setting)
-            conn.commit()
+            conn.prepare_threshold = None  # psycopg's own prepared statements: none
+            if not self.pooled:
+                # Session settings (they outlive the transaction that SET them).
+                for setting in self._all_settings():
+                    conn.execute(f"SET {setting}")
+                conn.commit()
         except BaseException:
             conn.close()
             raise
@@ -207,7 +226,7 @@ class Session:
         except psycopg.Error:
             pass
         self.conn = self._connect()
-        self.cur = WireCursor(self.conn)
+        self.cur = self._cursor()
 
     def rollback(self) -> None:
         """Best effort: never raises, so the error that caused it is what callers see."""
@@ -239,11 +258,15 @@ class Session:
         """``fn``, which sends exactly one statement, as a transaction of its own in
         one round trip: in autocommit mode, the statement is its own transaction,
         where :meth:`run` costs three (psycopg's BEGIN, the statement, COMMIT), each
-        a wait and a wake-up of the calling thread.
+        a wait and a wake-up of the calling thread.  With :attr:`pooled` it is a
+        :meth:`run` (two round trips: the statement goes with its BEGIN), since only
+        a transaction carries the session's settings there.
 
         Re-run after a conflict (the statement failed whole: nothing took effect);
         not after a lost connection, when the statement may have committed.
         """
+        if self.pooled:
+            return self.run(fn)
         return self._locked(lambda: self._run_single(fn))
 
     def _locked(self, body: Callable[[], T]) -> T:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -51,6 +52,9 @@ log = logging.getLogger("troth.store.postgres")
 
 T = TypeVar("T")
 
+#: Seconds between attempts to reach an unreachable database (``outage_wait``).
+OUTAGE_POLL = 0.2
+
 
 class PostgresStore(Session, Store):
     """A PostgreSQL database shared by any number of troth processes.
@@ -64,15 +68,36 @@ class PostgresStore(Session, Store):
     #: Between batches the writer's connection holds a transaction that ran nothing
     #: but its BEGIN (``Session.begun``): a server-wide idle-in-transaction timeout
     #: must not close it (it holds no lock and no snapshot).
-    settings = ("SET idle_in_transaction_session_timeout = 0",)
+    settings = ("idle_in_transaction_session_timeout = 0",)
     uses_keys = True
     outbox: PostgresOutbox
 
     def __init__(
-        self, url: str, *, max_attempts: int = MAX_ATTEMPTS, lock_timeout: float = LOCK_TIMEOUT
+        self,
+        url: str,
+        *,
+        max_attempts: int = MAX_ATTEMPTS,
+        lock_timeout: float = LOCK_TIMEOUT,
+        pooled: bool = False,
+        readers: int = 2,
+        outage_wait: float = 0.0,
     ) -> None:
         Store.__init__(self)
-        Session.__init__(self, url, max_attempts=max_attempts, lock_timeout=lock_timeout)
+        Session.__init__(
+            self, url, max_attempts=max_attempts, lock_timeout=lock_timeout, pooled=pooled
+        )
+        #: Connections (and threads) serving read-only requests; 0: the writer's.
+        self.readers = readers
+        #: Seconds a batch waits for an unreachable database before its requests get
+        #: 503 (``postgres_outage_wait``): a failover or restart of a second or two
+        #: then costs the clients a slower answer, not a failed request.
+        self.outage_wait = outage_wait
+        #: Set when a batch waited ``outage_wait`` in vain, cleared by the next batch
+        #: that reaches the database: while set, batches do not wait again (a long
+        #: outage answers 503 at once, and a request queued behind a waiting batch
+        #: waits once, not once per batch ahead of it).
+        self.gave_up = False
+        self.pooled_reads = readers > 0
         #: Batches re-run after a job was set aside (``retries``: after a conflict).
         self.reruns = 0
         try:
@@ -137,9 +162,12 @@ class PostgresStore(Session, Store):
             careful = False
             claiming = True
             self._claimed = None
+            unreachable_since: float | None = None
             while True:
                 try:
-                    return self._attempt(jobs, aside, prelock, careful, claiming)
+                    outcomes = self._attempt(jobs, aside, prelock, careful, claiming)
+                    self.gave_up = False
+                    return outcomes
                 except _Rerun:
                     self.rollback()
                     self.reruns += 1
@@ -174,6 +202,19 @@ class PostgresStore(Session, Store):
                 except Exception as exc:  # BEGIN or COMMIT failed: nothing to re-run safely
                     self.rollback()
                     if isinstance(exc, psycopg.OperationalError):
+                        # Not a COMMIT (one cut off is StoreUnavailable, its outcome
+                        # unknown): the connection could not be (re)opened, nothing of
+                        # the batch took effect, and it may run again once it can.
+                        now = time.monotonic()
+                        if unreachable_since is None:
+                            unreachable_since = now
+                        left = unreachable_since + self.outage_wait - now
+                        if left > 0 and not self.gave_up:
+                            log.debug("waiting for postgres (%.1f s left): %s", left, exc)
+                            time.sleep(min(OUTAGE_POLL, left))
+                            failures = 0
+                            continue
+                        self.gave_up = True
                         unavailable = StoreUnavailable(f"postgres unreachable: {exc}")
                         unavailable.__cause__ = exc
                         return [Outcome(error=unavailable) for _ in jobs]
@@ -321,13 +362,18 @@ class PostgresStore(Session, Store):
         with self._sessions_opening:
             session = self._sessions.get(kind)
             if session is None:
-                session = kind(
-                    self.url, max_attempts=self.max_attempts, lock_timeout=self.lock_timeout
-                )
+                session = kind(**self.session_options())
                 self._sessions[kind] = session
             return session
 
-    pooled_reads = True
+    def session_options(self) -> dict[str, Any]:
+        """What another session of this store connects with."""
+        return {
+            "url": self.url,
+            "max_attempts": self.max_attempts,
+            "lock_timeout": self.lock_timeout,
+            "pooled": self.pooled,
+        }
 
     def read_many(self, jobs: Sequence[Job[Any]]) -> list[Outcome[Any]]:
         """In one REPEATABLE READ snapshot on the calling thread's own session, locking
@@ -338,9 +384,7 @@ class PostgresStore(Session, Store):
         session = self._readers.get(ident)
         if session is None:
             try:
-                session = ReadSession(
-                    self.url, max_attempts=self.max_attempts, lock_timeout=self.lock_timeout
-                )
+                session = ReadSession(**self.session_options())
             except psycopg.OperationalError as exc:
                 raise StoreUnavailable(f"postgres unreachable: {exc}") from exc
             with self._sessions_opening:

@@ -29,6 +29,11 @@ What it does itself:
   first error is raised after the sync, as a psycopg error.  When the connection
   is not in a transaction and not in autocommit, a ``BEGIN`` goes first, as
   psycopg's cursor would send it.
+- Behind a pooler in transaction mode (``prepare=False``), one server connection
+  serves many clients' transactions in turn: a name prepared on one is unknown on
+  (or taken by another client on) the next.  Nothing is then prepared: every
+  statement goes unnamed (Parse, Bind, Execute in the same pipeline), and the
+  session's settings go as ``SET LOCAL`` after each ``BEGIN`` (:attr:`Wire.after_begin`).
 """
 
 from __future__ import annotations
@@ -259,10 +264,21 @@ class Wire:
     lock), never while psycopg itself is in a pipeline on the connection.
     """
 
-    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+    def __init__(
+        self,
+        conn: psycopg.Connection[Any],
+        *,
+        prepare: bool = True,
+        after_begin: Sequence[str] = (),
+    ) -> None:
         self.conn = conn
         self.pg = conn.pgconn
         conn.prepare_threshold = None  # ours only (see the module's docstring)
+        #: Whether statements may be prepared on the server (not behind a pooler in
+        #: transaction mode).
+        self.prepare = prepare
+        #: Statements sent right after each BEGIN this wire sends (``SET LOCAL …``).
+        self.after_begin: tuple[bytes, ...] = tuple(sql.encode() for sql in after_begin)
         self.encoding = conn.info.encoding
         self.loader = Transformer(conn)
         self.parsed: dict[str, _Parsed] = {}
@@ -316,8 +332,9 @@ class Wire:
         try:
             send = self._sender()
             if begin:
-                send.params(_BEGIN, [], (), [])
-                slots.append(None)
+                for query in (_BEGIN, *self.after_begin):
+                    send.params(query, [], (), [])
+                    slots.append(None)
             parsing: dict[Key, bytes] = {}
             for i, (sql, parsed, values, oids, formats) in enumerate(encoded):
                 key = (sql, oids)
@@ -325,6 +342,7 @@ class Wire:
                 if (
                     name is None
                     and parsed.names
+                    and self.prepare
                     and len(self.prepared) < MAX_PREPARED
                     and self._used(key)
                 ):
@@ -509,9 +527,16 @@ class WireCursor:
     ``execute`` goes through the connection's :class:`Wire` (one round trip, the
     statement prepared once), and through psycopg for what the wire does not send."""
 
-    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+    def __init__(
+        self,
+        conn: psycopg.Connection[Any],
+        *,
+        prepare: bool = True,
+        after_begin: Sequence[str] = (),
+    ) -> None:
         self.connection = conn
-        self.wire = Wire(conn)
+        self.wire = Wire(conn, prepare=prepare, after_begin=after_begin)
+        self._begin: list[tuple[str, Any]] = [(BEGIN, None), *((sql, None) for sql in after_begin)]
         self.cur = conn.cursor()
         self._rows: Rows | None = None
         self._at = 0
@@ -526,7 +551,8 @@ class WireCursor:
                 return self
             except Unencodable:
                 pass
-        self.cur.execute(sql, params, prepare=prepare)
+        self._begin_here()
+        self.cur.execute(sql, params, prepare=False if not self.wire.prepare else prepare)
         self.rowcount = self.cur.rowcount
         self._rows = self.cur.fetchall() if self.cur.pgresult and self.cur.description else []
         return self
@@ -539,7 +565,23 @@ class WireCursor:
         except Unencodable:
             return self._psycopg_pipeline(statements)
 
+    def begin_statements(self) -> list[tuple[str, Any]]:
+        """A BEGIN to send as a statement of a pipeline, with what follows it."""
+        return self._begin
+
+    def _begin_here(self) -> None:
+        """Before psycopg itself starts a transaction: start it through the wire when
+        statements must follow its BEGIN (psycopg would send the BEGIN alone)."""
+        conn = self.connection
+        if (
+            self.wire.after_begin
+            and not conn.autocommit
+            and conn.pgconn.transaction_status == _IDLE
+        ):
+            self.wire.run([])
+
     def _psycopg_pipeline(self, statements: Sequence[tuple[str, Any]]) -> list[Rows | None]:
+        self._begin_here()
         conn = self.connection
         cursors = [conn.cursor() for _ in statements]
         first: psycopg.Error | None = None
@@ -577,6 +619,7 @@ class WireCursor:
         return iter(self.fetchall())
 
     def executemany(self, sql: str, params_seq: Sequence[Any]) -> None:
+        self._begin_here()
         self.cur.executemany(sql, params_seq)
 
     def close(self) -> None:
