@@ -80,11 +80,12 @@ class Node(TrothProcess):
         return int(float(match[1]))
 
     def dispatch_outcomes(self) -> dict[str, int]:
-        """``troth_dispatch_total`` by outcome: the sends this node made."""
+        """``troth_dispatch_total`` by outcome: the sends this node made (outcomes it
+        never met, exposed at 0 so that ``increase()`` sees their first, left out)."""
         found = re.findall(
             r'^troth_dispatch_total\{outcome="(\w+)"\} (\S+)$', self.metric_lines(), re.M
         )
-        return {outcome: int(float(n)) for outcome, n in found}
+        return {outcome: int(float(n)) for outcome, n in found if float(n)}
 
     def grants(self) -> list[Grant]:
         assert self.proc is not None
