@@ -33,6 +33,7 @@ from troth.machine.internal import Config
 from troth.machine.state import Response
 from troth.outbox.rows import OutboxRow
 from troth.protocol import requests as rq
+from troth.server.clock import SLICE, ClockWatch
 from troth.server.health import StoreHealth
 from troth.server.waiting import cancel_and_wait, wait_event
 from troth.store.base import BeginWouldWait, Job, Outcome, Overlay, Store, StoreUnavailable
@@ -128,6 +129,8 @@ class Engine:
         self.stats = EngineStats()
         #: Whether the store takes writes (``server/health.py``): ``/ready``, metrics.
         self.health = StoreHealth()
+        #: Steps of the wall clock, as the timer notices them (``server/clock.py``).
+        self.clock_watch = ClockWatch(clock)
         self.paused = False
         self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
         #: ``loop_batches``: work waiting on the event loop; whether a run of
@@ -608,7 +611,8 @@ class Engine:
                 deadline = await self.exclusive(self._next_deadline)
                 now = self.clock()
                 if deadline is not None and deadline <= now:
-                    self.stats.lag_ms = now - deadline
+                    # Late by the wall clock, not counting a step of it (clock_watch).
+                    self.stats.lag_ms = max(now - max(deadline, self.clock_watch.stepped_at), 0)
                     passed = await self.outcome(functools.partial(self._tick, now=now), now)
                     if passed.error is not None:
                         raise passed.error
@@ -643,7 +647,29 @@ class Engine:
                 # Other nodes announce earlier deadlines, but one that crashed between
                 # its commit and its announcement would not: look again now and then.
                 delay = SHARED_MAX_SLEEP
-            await wait_event(self._wake, delay)
+            await self._sleep(deadline, delay)
+
+    async def _sleep(self, deadline: int | None, delay: float | None) -> None:
+        """Until woken, until ``delay`` seconds passed, or until the wall clock reached
+        ``deadline``, whichever comes first — in slices of at most :data:`SLICE`
+        seconds, reading the wall clock after each: sleeps run on the monotonic clock,
+        which a step of the wall clock does not move (``server/clock.py``)."""
+        assert self._wake is not None
+        loop = asyncio.get_running_loop()
+        end = None if delay is None else loop.time() + delay
+        while True:
+            nap = SLICE
+            if end is not None:
+                nap = min(nap, max(end - loop.time(), 0.0))
+            if deadline is not None:
+                nap = min(nap, max(deadline - self.clock(), 0) / 1000)
+            if await wait_event(self._wake, nap):
+                return
+            self.clock_watch.observe()
+            if end is not None and loop.time() >= end:
+                return
+            if deadline is not None and self.clock() >= deadline:
+                return
 
     def _tick(self, tx: Overlay, now: int) -> int:
         return tick(tx, now, self.config)

@@ -76,6 +76,11 @@ HELP = {
         "Commits the store refused (a batch, a timer pass, a probe), by reason: "
         "disk_full, read_only, unavailable.",
     ),
+    "troth_clock_jumps_total": ("counter", "Steps of the wall clock the timer noticed."),
+    "troth_clock_last_jump_seconds": (
+        "gauge",
+        "The last step of the wall clock, in seconds (negative: backwards).",
+    ),
     "troth_store_batch_reruns": (
         "gauge",
         "Batches re-run after a conflict with another writer (PostgreSQL), since start.",

@@ -142,12 +142,17 @@ def build_app(settings: Settings, store: Store | None = None) -> App:
 
 def watch_store_health(engine: Engine, metrics: Metrics) -> None:
     """``troth_store_writable`` and ``troth_store_write_errors_total{reason}``, every
-    reason's series there from the start (server/health.py)."""
+    reason's series there from the start (server/health.py); the steps of the wall
+    clock the timer noticed (server/clock.py)."""
     health = engine.health
     for reason in REASONS:
         metrics.inc(WRITE_ERRORS, 0, reason=reason)
     health.count = lambda reason: metrics.inc(WRITE_ERRORS, reason=reason)
     metrics.gauge(WRITABLE, lambda: 0.0 if health.fault is not None else 1.0)
+    watch = engine.clock_watch  # steps of the wall clock (server/clock.py)
+    metrics.inc("troth_clock_jumps_total", 0)
+    watch.on_jump = lambda ms: metrics.inc("troth_clock_jumps_total")
+    metrics.gauge("troth_clock_last_jump_seconds", lambda: watch.last_jump_ms / 1000)
 
 
 def undeliverable_reporter(metrics: Metrics) -> Callable[[str, str], None]:
