@@ -56,6 +56,16 @@ def test_a_full_disk_refuses_writes_with_503_and_they_resume_when_room_is_made(
         with running_server(settings) as server:
             client = server.client
             assert client.get("/ready").status_code == 200
+            # A message no worker takes: the delivery keeps writing its retries, and
+            # meets the full disk too.
+            undelivered = {
+                "kind": "promise.create",
+                "head": {"corrId": "u", "version": VERSION},
+                "data": {"id": "u", "timeoutAt": FAR, "tags": {"resonate:target": "poll://any@g"}},
+            }
+            assert client.post("/", json=undelivered).status_code == 200
+            sent = time.monotonic()  # tried at once, then 1 s and 5 s later
+            acknowledged.append("u")
             filler = fill(disk, leave=600 * 1024)
             # Write until the disk refuses (bounded: the space left holds a few dozen).
             refused: httpx.Response | None = None
@@ -91,6 +101,9 @@ def test_a_full_disk_refuses_writes_with_503_and_they_resume_when_room_is_made(
             assert metric(client, "troth_store_writable") == 0
             assert metric(client, 'troth_store_write_errors_total{reason="disk_full"}') >= 2
             assert client.get("/health").status_code == 200  # alive, only not ready
+            # The delivery's retry 5 s after the first send meets the full disk.
+            time.sleep(max(sent + 6.5 - time.monotonic(), 0))
+            assert client.get("/ready").status_code == 503
             wal = Path(f"{db}-wal")
             grown = wal.stat().st_size
 

@@ -523,6 +523,17 @@ class Engine:
 
     # -- store health -----------------------------------------------------------------
 
+    def fault(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is a fault of the store (full, read-only, out of reach) met
+        outside the engine's batches (delivery, retention): then it counts as a refused
+        commit of :attr:`health`, which logs the episode once, and the caller logs it
+        at most at debug level — not a traceback a second while the disk is full."""
+        fault = self.store.refused(exc)
+        if fault is None:
+            return False
+        self.refused(fault)
+        return True
+
     def _log_failed(self, exc: BaseException, message: str, n: int) -> None:
         """A batch failed whole: a traceback for a bug; nothing for a fault of the
         store, which :attr:`health` logs once per episode."""

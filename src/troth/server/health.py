@@ -22,7 +22,8 @@ from troth.store.faults import StoreFault
 
 log = logging.getLogger("troth.store.health")
 
-#: Counter of commits (batches, timer passes, probes) the store refused, by reason.
+#: Counter of commits the store refused (batches, timer passes, probes, delivery and
+#: retention writes), by reason.
 WRITE_ERRORS = "troth_store_write_errors_total"
 #: Gauge: 1 while the store takes writes, 0 during an episode.
 WRITABLE = "troth_store_writable"

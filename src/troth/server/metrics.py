@@ -73,8 +73,8 @@ HELP = {
     "troth_store_writable": ("gauge", "1 while the store takes writes, 0 while it refuses them."),
     "troth_store_write_errors_total": (
         "counter",
-        "Commits the store refused (a batch, a timer pass, a probe), by reason: "
-        "disk_full, read_only, unavailable.",
+        "Commits the store refused (a batch, a timer pass, a probe, delivery, retention), "
+        "by reason: disk_full, read_only, unavailable.",
     ),
     "troth_clock_jumps_total": ("counter", "Steps of the wall clock the timer noticed."),
     "troth_clock_last_jump_seconds": (

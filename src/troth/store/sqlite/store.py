@@ -54,6 +54,8 @@ _FAULTS: Final[dict[int, Reason]] = {
     10: "unavailable",  # SQLITE_IOERR
     14: "unavailable",  # SQLITE_CANTOPEN
 }
+#: Bytes a probe wants free beside the file before it says the store takes writes.
+PROBE_ROOM: Final = 1 << 20
 #: The write ``probe`` commits: the newest schema_version row, unchanged.
 _PROBE: Final = (
     "UPDATE schema_version SET applied_at = applied_at"
@@ -478,8 +480,17 @@ class SqliteStore(Store):
         return super().refused(exc)
 
     def probe(self) -> None:
-        """One write transaction that rewrites the newest ``schema_version`` row as it
-        is: a page written to the WAL and its fsync, as a batch's COMMIT does."""
+        """At least :data:`PROBE_ROOM` bytes free beside the file, then one write
+        transaction that rewrites the newest ``schema_version`` row as it is: a page
+        written to the WAL and its fsync, as a batch's COMMIT does.  (The page alone
+        may fit where a request's rows do not: a disk that refused a request stays
+        "full" until there is room for more than a page.)"""
+        if self.path not in (":memory:", ""):
+            where = os.path.dirname(os.path.realpath(self.path))
+            disk = os.statvfs(where)
+            room = disk.f_bavail * disk.f_frsize
+            if room < PROBE_ROOM:
+                raise StoreFault("disk_full", f"{room} bytes free in {where}")
         with self.transaction() as conn:
             conn.execute(_PROBE)
 
