@@ -494,8 +494,11 @@ class Engine:
                 if fault is not failed:
                     outcomes = [Outcome(error=fault) for _ in outcomes]
                 self.refused(fault)
-        elif self.health.fault is not None and any(o.wrote for o in outcomes):
-            self._writable()
+        else:
+            health = self.health
+            health.last_write = health.clock()  # /ready needs no probe of a busy store
+            if health.fault is not None and any(o.wrote for o in outcomes):
+                self._writable()
         earliest = math.inf
         messages = 0
         for o in outcomes:

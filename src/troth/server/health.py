@@ -48,7 +48,8 @@ class StoreHealth:
         #: Commits refused in this episode, and ever (the probe compares the latter).
         self.refused = 0
         self.refusals = 0
-        #: When a write last committed (``clock``): ``/ready`` probes a quiet store.
+        #: When a batch last committed (``clock``; the engine sets it): ``/ready``
+        #: probes a store that has been quiet for a while, and pings a busy one.
         self.last_write = clock()
 
     def failed(self, fault: StoreFault) -> bool:
