@@ -100,7 +100,9 @@ def test_requests_during_an_outage_get_503_and_nothing_acknowledged_is_lost(
     # An outage is expected operation: warnings, not errors with tracebacks.
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert errors == []
-    assert any("store unavailable" in r.getMessage() for r in caplog.records)
+    # The outage is an episode of the store's health: logged when it began and ended.
+    assert any("store refuses writes (unavailable)" in r.getMessage() for r in caplog.records)
+    assert any("store takes writes again" in r.getMessage() for r in caplog.records)
 
     statuses = set(answers.values())
     assert statuses <= {200, 503}, statuses

@@ -404,7 +404,7 @@ def test_a_json_head_made_once_is_the_head_made_per_answer() -> None:
         for status in (200, 201, 400, 404, 409, 500, 503):
             for body in (b"", b"{}", json.dumps({"x": "y" * 1000}).encode()):
                 made = heads.answer(status, defaults, body)
-                assert made == response(status, defaults, json_headers(body), True, body)
+                assert made == response(status, defaults, json_headers(body, status), True, body)
 
 
 def test_an_answer_that_does_not_encode_is_a_500(

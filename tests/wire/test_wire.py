@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+import time
 from typing import Any
 
 import httpx
@@ -233,7 +234,11 @@ def test_ready_is_503_when_the_store_cannot_answer(server: RunningServer) -> Non
         assert "disk on fire" in r.json()["error"]
     finally:
         store.ping = original  # type: ignore[method-assign]
-    assert server.client.get("/ready").status_code == 200
+    # The node probes the store once a second while it is not ready: 200 again soon.
+    deadline = time.monotonic() + 5
+    while server.client.get("/ready").status_code != 200:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
 
 
 def test_python_sdk_origin_header_line_is_served(server: RunningServer) -> None:

@@ -38,6 +38,7 @@ from troth.server.nats import NatsIngress
 from troth.server.operator import OperatorApi
 from troth.server.retention import RetentionLoop
 from troth.store.base import Outcome, StoreUnavailable
+from troth.store.faults import StoreFault
 from troth.transport.nats import NatsLink
 from troth.transport.poll import Connection, Full, Registry
 from troth.ui import Dashboard
@@ -62,6 +63,13 @@ LEGACY_PREFIXES = ("/promises", "/tasks", "/schedules")
 #: Operator surfaces: an admin token when auth is on (docs/security.md).
 ADMIN_PREFIXES = ("/metrics", "/ops/")
 JSON = [(b"content-type", b"application/json")]
+#: What a 503 answer to an envelope adds: the store refuses writes for now (full,
+#: read-only, out of reach); the request may be sent again (docs/protocol.md).
+RETRY_AFTER = [(b"retry-after", b"1")]
+#: Seconds ``/ready`` waits for the store; seconds without a committed write after
+#: which it asks for a probe's commit rather than a ping.
+READY_TIMEOUT = 2.0
+QUIET = 5.0
 _json = msgspec.json.Encoder()
 
 
@@ -350,12 +358,23 @@ class App:
         return None
 
     async def ready(self, send: Send) -> None:
-        try:
-            await asyncio.wait_for(self.engine.exclusive(self.engine.store.ping), 2.0)
-        except Exception as exc:
-            await respond(send, 503, {"status": "unavailable", "error": str(exc)})
+        """200 while the store takes writes; 503 with the reason while it does not
+        (``server/health.py``).  Between faults, a store that committed no write for
+        :data:`QUIET` seconds is asked to commit the probe's; one that did is pinged.
+        What either meets is an episode's start, as a refused batch would be."""
+        engine = self.engine
+        health = engine.health
+        if health.fault is None:
+            quiet = health.quiet_for() >= QUIET
+            try:
+                await asyncio.wait_for(engine.probe(write=quiet), READY_TIMEOUT)
+            except TimeoutError:
+                error = f"the store did not answer within {READY_TIMEOUT:g} s"
+                engine.refused(StoreFault("unavailable", error))
+        if health.fault is not None:
+            await respond(send, 503, health.answer())
             return
-        await respond(send, 200, {"status": "ready", "store": self.engine.store.name})
+        await respond(send, 200, {"status": "ready", "store": engine.store.name})
 
     # -- POST / ---------------------------------------------------------------------
 
@@ -500,6 +519,9 @@ class App:
     def failed(self, admitted: Admitted, exc: Exception) -> Answer:
         """The answer to a request whose serving raised ``exc``."""
         kind, corr = admitted.kind, admitted.corr
+        if isinstance(exc, StoreFault):
+            # Full, read-only, out of reach: logged once per episode (server/health.py).
+            return kind, corr, 503, str(exc), admitted
         if isinstance(exc, StoreUnavailable):
             # The database is down or restarting, or the batch lost every attempt to
             # concurrent writers: the request may be sent again (the message says
@@ -551,7 +573,7 @@ class App:
     async def answer(self, send: Send, answer: Answer, started: float) -> None:
         kind, corr, status, data, _ = answer
         body = encode_response(kind, corr, status, data)
-        await send_bytes(send, status, body)
+        await send_bytes(send, status, body, RETRY_AFTER if status == 503 else None)
         self.answered(answer, started)
 
     def choose_answered(self) -> Answered:
@@ -736,9 +758,12 @@ async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def json_headers(body: bytes) -> list[tuple[bytes, bytes]]:
-    """The headers of a JSON answer carrying ``body``."""
-    return [*JSON, (b"content-length", b"%d" % len(body))]
+def json_headers(body: bytes, status: int = 200) -> list[tuple[bytes, bytes]]:
+    """The headers of a JSON answer carrying ``body`` (an envelope's 503 says when to
+    try again)."""
+    length = (b"content-length", b"%d" % len(body))
+    # Content-Length last: JsonHeads (server/direct.py) cuts a head there.
+    return [*JSON, *RETRY_AFTER, length] if status == 503 else [*JSON, length]
 
 
 async def send_bytes(

@@ -164,7 +164,9 @@ class DeliveryLoop:
         try:
             rows = self.dispatcher.claim(self.engine.clock()) if claimed is None else claimed
         except Exception as exc:
-            if isinstance(exc, StoreUnavailable):  # the database is away: no traceback
+            if self.engine.fault(exc):  # full, read-only, away: logged once an episode
+                log.debug("claim after commit: %s; the delivery loop will sweep", exc)
+            elif isinstance(exc, StoreUnavailable):  # the database is away: no traceback
                 log.warning("claim after commit: %s; the delivery loop will sweep", exc)
             else:
                 log.exception("claim after commit failed; the delivery loop will sweep")
@@ -196,8 +198,11 @@ class DeliveryLoop:
     async def _send_claimed(self, rows: list[OutboxRow]) -> None:
         try:
             self.record(await self.dispatcher.dispatch(rows))
-        except Exception:
-            log.exception("dispatch of %d claimed rows failed", len(rows))
+        except Exception as exc:
+            if self.engine.fault(exc):  # full, read-only, away: logged once an episode
+                log.debug("dispatch of %d claimed rows: %s", len(rows), exc)
+            else:
+                log.exception("dispatch of %d claimed rows failed", len(rows))
 
     async def stop(self) -> None:
         self._stopping = True
@@ -240,11 +245,13 @@ class DeliveryLoop:
                     delay = min(delay, max(due - self.engine.clock(), 0) / 1000)
             except asyncio.CancelledError:
                 raise
-            except StoreUnavailable as exc:  # the database is away: expected, no traceback
-                log.warning("delivery sweep: %s; retrying in 1 s", exc)
-                delay = 1.0
-            except Exception:
-                log.exception("delivery sweep failed; retrying in 1 s")
+            except Exception as exc:
+                if self.engine.fault(exc):  # full, read-only, away: logged once an episode
+                    log.debug("delivery sweep: %s; retrying in 1 s", exc)
+                elif isinstance(exc, StoreUnavailable):  # away: expected, no traceback
+                    log.warning("delivery sweep: %s; retrying in 1 s", exc)
+                else:
+                    log.exception("delivery sweep failed; retrying in 1 s")
                 delay = 1.0
             if delay > 0:
                 await wait_event(self._wake, delay)

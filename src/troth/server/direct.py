@@ -165,7 +165,7 @@ class JsonHeads:
             self.defaults, self.heads = defaults, {}
         head = self.heads.get(status)
         if head is None:
-            whole = response(status, defaults, json_headers(b""), True, b"")
+            whole = response(status, defaults, json_headers(b"", status), True, b"")
             head = self.heads[status] = whole[: -len(b"0\r\n\r\n")]
         return b"%s%d\r\n\r\n%s" % (head, len(body), body)
 
@@ -321,7 +321,7 @@ def answer_simple(app: App, cycle: SimpleCycle, started: float, answer: Answer) 
         kind, corr, status, data, _ = answer
         body = encode_response(kind, corr, status, data)
         send.status = status
-        send.headers = json_headers(body)
+        send.headers = json_headers(body, status)
         send.started = True
         if cycle.flow.write_paused and not cycle.disconnected:
             # The peer does not read: wait for the buffer to drain, as DirectSend.write.
@@ -452,7 +452,9 @@ class DirectHttpToolsProtocol(GuardedHttpToolsProtocol):
         if keep_alive:
             self.transport.write(self.json_heads.answer(status, defaults, body))
         else:
-            self.transport.write(response(status, defaults, json_headers(body), False, body))
+            self.transport.write(
+                response(status, defaults, json_headers(body, status), False, body)
+            )
             self.transport.close()
         self._kept()
         try:

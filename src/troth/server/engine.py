@@ -33,8 +33,11 @@ from troth.machine.internal import Config
 from troth.machine.state import Response
 from troth.outbox.rows import OutboxRow
 from troth.protocol import requests as rq
+from troth.server.clock import SLICE, ClockWatch
+from troth.server.health import StoreHealth
 from troth.server.waiting import cancel_and_wait, wait_event
 from troth.store.base import BeginWouldWait, Job, Outcome, Overlay, Store, StoreUnavailable
+from troth.store.faults import StoreFault
 
 log = logging.getLogger("troth.engine")
 T = TypeVar("T")
@@ -55,6 +58,8 @@ MAX_BATCH = 256
 SHARED_RECHECK_MS = 50
 #: Longest sleep of a timer on a shared store between two reads of the next deadline.
 SHARED_MAX_SLEEP = 5.0
+#: Seconds between two probes of a store that refuses writes (``Engine.probe``).
+PROBE_INTERVAL = 1.0
 
 
 def wall_clock_ms() -> int:
@@ -124,6 +129,10 @@ class Engine:
         #: the one the timer sleeps until (the cluster tells the other nodes).
         self.on_deadline: Callable[[int], None] | None = None
         self.stats = EngineStats()
+        #: Whether the store takes writes (``server/health.py``): ``/ready``, metrics.
+        self.health = StoreHealth()
+        #: Steps of the wall clock, as the timer notices them (``server/clock.py``).
+        self.clock_watch = ClockWatch(clock)
         self.paused = False
         self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
         #: ``loop_batches``: work waiting on the event loop; whether a run of
@@ -139,6 +148,9 @@ class Engine:
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._target = math.inf  # the instant the timer sleeps until
+        #: Probes the store while it refuses writes (``_probing``); None otherwise.
+        self._prober: asyncio.Task[None] | None = None
+        self._tidying: asyncio.Future[None] | None = None
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -160,6 +172,8 @@ class Engine:
         """Stop the timer, let the writer finish what was queued, close the store."""
         await cancel_and_wait(self._timer)
         self._timer = None
+        await cancel_and_wait(self._prober)
+        self._prober = None
         while self._pending or self._lent:  # loop_batches: what was queued, committed
             await asyncio.sleep(0.001)
         readers, self._readers = self._readers, []
@@ -352,7 +366,7 @@ class Engine:
                 store.rollback()
             finally:
                 store.lock.release()
-            log.exception("batch of %d failed", len(works))
+            self._log_failed(exc, "batch of %d failed", len(works))
             self._answer(works, [Outcome(error=exc) for _ in works], returned=False)
             self._kicked = True
             works[0].loop.call_soon(self._kick)
@@ -370,7 +384,7 @@ class Engine:
         try:
             store.commit()
         except BaseException as exc:
-            log.exception("commit of a batch of %d failed", len(works))
+            self._log_failed(exc, "commit of a batch of %d failed", len(works))
             try:
                 store.rollback()
             finally:
@@ -462,7 +476,7 @@ class Engine:
         try:
             outcomes = self.store.execute(jobs)
         except BaseException as exc:  # the store itself broke: fail the batch
-            log.exception("batch of %d failed", len(works))
+            self._log_failed(exc, "batch of %d failed", len(works))
             outcomes = [Outcome(error=exc) for _ in works]
         self._answer(works, outcomes, returned=self.store.loop_batches)
 
@@ -473,6 +487,20 @@ class Engine:
         self.stats.batches += 1
         self.stats.jobs += len(works)
         self.stats.largest_batch = max(self.stats.largest_batch, len(works))
+        failed = outcomes[0].error if outcomes else None
+        if failed is not None and all(o.error is failed for o in outcomes):
+            # The batch failed whole: a fault of the store is its reason for every job
+            # (503, the message says why) and an episode of store health.
+            fault = self.store.refused(failed)
+            if fault is not None:
+                if fault is not failed:
+                    outcomes = [Outcome(error=fault) for _ in outcomes]
+                self.refused(fault)
+        else:
+            health = self.health
+            health.last_write = health.clock()  # /ready needs no probe of a busy store
+            if health.fault is not None and any(o.wrote for o in outcomes):
+                self._writable()
         earliest = math.inf
         messages = 0
         for o in outcomes:
@@ -498,6 +526,84 @@ class Engine:
             # After on_commit: the delivery's claim uses the connection too.
             loop.call_soon_threadsafe(self._returned, [])
 
+    # -- store health -----------------------------------------------------------------
+
+    def fault(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is a fault of the store (full, read-only, out of reach) met
+        outside the engine's batches (delivery, retention): then it counts as a refused
+        commit of :attr:`health`, which logs the episode once, and the caller logs it
+        at most at debug level — not a traceback a second while the disk is full."""
+        fault = self.store.refused(exc)
+        if fault is None:
+            return False
+        self.refused(fault)
+        return True
+
+    def _log_failed(self, exc: BaseException, message: str, n: int) -> None:
+        """A batch failed whole: a traceback for a bug; nothing for a fault of the
+        store, which :attr:`health` logs once per episode."""
+        if self.store.refused(exc) is None:
+            log.error(message, n, exc_info=exc)
+
+    def refused(self, fault: StoreFault) -> None:
+        """A commit was refused for ``fault`` (any thread): counted; the first of an
+        episode starts the probes that will see it end."""
+        if self.health.failed(fault) and self._loop is not None:
+            try:
+                self._loop.call_soon_threadsafe(self._start_probing)
+            except RuntimeError:  # the loop has closed: the node is stopping
+                pass
+
+    def _writable(self) -> None:
+        """A write committed (any thread): the episode under way ends; the store then
+        tidies up after it (a SQLite WAL that grew is given back), between batches."""
+        if self.health.committed() is not None and self._loop is not None:
+            try:
+                self._loop.call_soon_threadsafe(self._tidy)
+            except RuntimeError:
+                pass
+
+    def _tidy(self) -> None:
+        async def tidy() -> None:
+            try:
+                await self.exclusive(self.store.recovered)
+            except Exception as exc:  # a courtesy: the next checkpoints do it too
+                log.warning("tidying up after a store fault failed: %s", exc)
+
+        # Held: a task nothing holds may be collected before it ends.
+        self._tidying = asyncio.ensure_future(tidy())
+
+    def _start_probing(self) -> None:
+        if self._prober is None or self._prober.done():
+            self._prober = asyncio.ensure_future(self._probing())
+
+    async def _probing(self) -> None:
+        """While the store refuses writes: a probe every :data:`PROBE_INTERVAL` seconds,
+        so that the episode ends when the fault does even if no request comes (a load
+        balancer sends none to a node that is not ready)."""
+        while self.health.fault is not None:
+            await asyncio.sleep(PROBE_INTERVAL)
+            await self.probe()
+
+    async def probe(self, *, write: bool = True) -> StoreFault | None:
+        """Commit the store's probe write (``Store.probe``; without ``write`` only ping
+        it) between batches: the fault it met (also an episode's, as a batch's would
+        be), or None.  A probe's success ends an episode only if no batch was refused
+        while it waited: a store that takes the probe's small write but refuses
+        requests' (a nearly full disk) stays not ready."""
+        before = self.health.refusals
+        try:
+            await self.exclusive(self.store.probe if write else self.store.ping)
+        except Exception as exc:
+            fault = self.store.refused(exc)
+            if fault is None:
+                fault = StoreFault("unavailable", str(exc) or type(exc).__name__)
+            self.refused(fault)
+            return fault
+        if write and self.health.refusals == before:
+            self._writable()
+        return self.health.fault
+
     # -- the timer ------------------------------------------------------------------------
 
     def hint(self, instant: int) -> None:
@@ -521,7 +627,8 @@ class Engine:
                 deadline = await self.exclusive(self._next_deadline)
                 now = self.clock()
                 if deadline is not None and deadline <= now:
-                    self.stats.lag_ms = now - deadline
+                    # Late by the wall clock, not counting a step of it (clock_watch).
+                    self.stats.lag_ms = max(now - max(deadline, self.clock_watch.stepped_at), 0)
                     began = time.perf_counter()
                     passed = await self.outcome(functools.partial(self._tick, now=now), now)
                     if passed.error is not None:
@@ -547,7 +654,9 @@ class Engine:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                if isinstance(exc, StoreUnavailable):  # the database is away: no traceback
+                if isinstance(exc, StoreFault):  # logged once per episode (health)
+                    log.debug("timer pass: %s; retrying in 1 s", exc)
+                elif isinstance(exc, StoreUnavailable):  # the database is away: no traceback
                     log.warning("timer pass: %s; retrying in 1 s", exc)
                 else:
                     log.exception("timer pass failed; retrying in 1 s")
@@ -559,7 +668,32 @@ class Engine:
                 # Other nodes announce earlier deadlines, but one that crashed between
                 # its commit and its announcement would not: look again now and then.
                 delay = SHARED_MAX_SLEEP
-            await wait_event(self._wake, delay)
+            await self._sleep(deadline, delay)
+
+    async def _sleep(self, deadline: int | None, delay: float | None) -> None:
+        """Until woken, until ``delay`` seconds passed, or until the wall clock reached
+        ``deadline``, whichever comes first — in slices of at most :data:`SLICE`
+        seconds, reading the wall clock after each: sleeps run on the monotonic clock,
+        which a step of the wall clock does not move (``server/clock.py``)."""
+        assert self._wake is not None
+        loop = asyncio.get_running_loop()
+        end = None if delay is None else loop.time() + delay
+        while True:
+            nap = SLICE
+            if end is not None:
+                nap = min(nap, max(end - loop.time(), 0.0))
+            if deadline is not None:
+                nap = min(nap, max(deadline - self.clock(), 0) / 1000)
+            woken = await wait_event(self._wake, nap)
+            # Woken or not (a busy timer too), before the pass that fires what a step
+            # made due: its lag is then measured from the step.
+            self.clock_watch.observe()
+            if woken:
+                return
+            if end is not None and loop.time() >= end:
+                return
+            if deadline is not None and self.clock() >= deadline:
+                return
 
     def _tick(self, tx: Overlay, now: int) -> int:
         return tick(tx, now, self.config)

@@ -77,6 +77,17 @@ HELP = {
         "How long past the horizon the oldest workflow of the last batch had waited.",
     ),
     "troth_retention_last_run_timestamp_seconds": ("gauge", "When retention last ran a batch."),
+    "troth_store_writable": ("gauge", "1 while the store takes writes, 0 while it refuses them."),
+    "troth_store_write_errors_total": (
+        "counter",
+        "Commits the store refused (a batch, a timer pass, a probe, delivery, retention), "
+        "by reason: disk_full, read_only, unavailable.",
+    ),
+    "troth_clock_jumps_total": ("counter", "Steps of the wall clock the timer noticed."),
+    "troth_clock_last_jump_seconds": (
+        "gauge",
+        "The last step of the wall clock, in seconds (negative: backwards).",
+    ),
     "troth_store_batch_reruns": (
         "gauge",
         "Batches re-run after a conflict with another writer (PostgreSQL), since start.",

@@ -129,8 +129,11 @@ class RetentionLoop:
         while True:
             try:
                 swept = await self.run_once()
-            except Exception:
-                log.exception("retention batch failed; trying again in %.0f s", self.interval)
+            except Exception as exc:
+                if self.engine.fault(exc):  # full, read-only, away: logged once an episode
+                    log.debug("retention batch: %s; trying again in %.0f s", exc, self.interval)
+                else:
+                    log.exception("retention batch failed; trying again in %.0f s", self.interval)
                 self.cursor = START
                 await asyncio.sleep(self.interval)
                 continue

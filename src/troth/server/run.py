@@ -30,11 +30,13 @@ from troth.server.config import ConfigError, Settings, push_token_map
 from troth.server.delivery import DeliveryLoop
 from troth.server.direct import http_protocol
 from troth.server.engine import Commit, Engine
+from troth.server.health import WRITABLE, WRITE_ERRORS
 from troth.server.metrics import Metrics
 from troth.server.retention import Archive, RetentionLoop
 from troth.server.scrape import StoreGauges
 from troth.server.stopping import Server
 from troth.store.base import Store
+from troth.store.faults import REASONS
 from troth.store.memory import MemoryStore
 from troth.transport.http import HttpSender, PushTokens
 from troth.transport.nats import NatsLink, NatsSender
@@ -75,6 +77,7 @@ def build_app(settings: Settings, store: Store | None = None) -> App:
     metrics.gauge("troth_sse_connections", lambda: float(registry.count()))
     metrics.gauge("troth_timer_passes_total", lambda: float(engine.stats.ticks))
     metrics.gauge("troth_timer_lag_seconds", lambda: engine.stats.lag_ms / 1000)
+    watch_store_health(engine, metrics)
     http = HttpSender(
         settings.url, tokens=PushTokens(settings.push_token, push_token_map(settings.push_tokens))
     )
@@ -165,6 +168,21 @@ def build_app(settings: Settings, store: Store | None = None) -> App:
     )
     app.scrape = StoreGauges(store, metrics, cluster).refresh
     return app
+
+
+def watch_store_health(engine: Engine, metrics: Metrics) -> None:
+    """``troth_store_writable`` and ``troth_store_write_errors_total{reason}``, every
+    reason's series there from the start (server/health.py); the steps of the wall
+    clock the timer noticed (server/clock.py)."""
+    health = engine.health
+    for reason in REASONS:
+        metrics.inc(WRITE_ERRORS, 0, reason=reason)
+    health.count = lambda reason: metrics.inc(WRITE_ERRORS, reason=reason)
+    metrics.gauge(WRITABLE, lambda: 0.0 if health.fault is not None else 1.0)
+    watch = engine.clock_watch  # steps of the wall clock (server/clock.py)
+    metrics.inc("troth_clock_jumps_total", 0)
+    watch.on_jump = lambda ms: metrics.inc("troth_clock_jumps_total")
+    metrics.gauge("troth_clock_last_jump_seconds", lambda: watch.last_jump_ms / 1000)
 
 
 def undeliverable_reporter(metrics: Metrics) -> Callable[[str, str], None]:

@@ -19,7 +19,7 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from troth.outbox.rows import OutboxLifecycle, OutboxRow
 from troth.protocol.records import (
@@ -36,6 +36,9 @@ from troth.store.deadlines import earliest_deadline
 from troth.store.inspection import Inspection
 from troth.store.retention import Retention
 from troth.store.writes import Writes
+
+if TYPE_CHECKING:
+    from troth.store.faults import StoreFault
 
 T = TypeVar("T")
 
@@ -412,6 +415,28 @@ class Store(ABC):
         writer's connection where there is one writer (callers run it between
         batches), on a session of its own on PostgreSQL (row locks, skip-locked)."""
 
+    def refused(self, exc: BaseException) -> StoreFault | None:
+        """``exc`` as a :class:`~troth.store.faults.StoreFault` when it says the store
+        refuses writes for a reason of its own (full, read-only, out of reach), else
+        None (a request's own error, or a bug).  A dialect adds its database's errors;
+        a :class:`StoreUnavailable` is the store out of reach."""
+        from troth.store.faults import StoreFault
+
+        if isinstance(exc, StoreFault):
+            return exc
+        if isinstance(exc, StoreUnavailable):
+            return StoreFault("unavailable", str(exc))
+        return None
+
+    def probe(self) -> None:  # noqa: B027 - optional hook
+        """Commit a write that changes nothing (``/ready``, and while writes fail: has
+        the fault ended?); raise what the store raised.  A store without a disk or a
+        server to lose commits nothing."""
+
+    def recovered(self) -> None:  # noqa: B027 - optional hook
+        """Writes succeed again after a fault (on the writer, between batches): a
+        SQLite file gives back the WAL that grew while its disk was full."""
+
     def reclaim(self, pages: int) -> int:
         """Give up to ``pages`` free pages back to the file system; free pages left.
         Only a SQLite file has pages to give back (retention calls it after a pass)."""
@@ -472,8 +497,12 @@ class Store(ABC):
                 return self._batch(jobs, aside, nowait)
             except _ApplyFailed as failed:
                 # Its writes went in half way: start over without it (its jobs are
-                # pure functions of the store, so a re-run is the same run).
+                # pure functions of the store, so a re-run is the same run) — unless
+                # the store refuses writes (a full disk): then it refuses them all.
                 self.rollback()
+                fault = self.refused(failed.error)
+                if fault is not None:
+                    raise fault from failed.error
                 aside[failed.index] = failed.error
 
     def begin_nowait(self) -> Backend:

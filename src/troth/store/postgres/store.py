@@ -27,10 +27,12 @@ from troth.store.base import (
     StoreUnavailable,
     read_only,
 )
+from troth.store.faults import StoreFault
 from troth.store.inspection import Inspection, SqlInspection
 from troth.store.migrate import check_version, migrate
 from troth.store.outbox import in_claim_order
 from troth.store.postgres.backend import CODEC, TABLES, PostgresBackend, Q, Touched
+from troth.store.postgres.faults import write_refused
 from troth.store.postgres.migrate import PgSchema
 from troth.store.postgres.outbox import PostgresOutbox, claim_statement, claimed_rows
 from troth.store.postgres.session import (
@@ -48,6 +50,11 @@ from troth.store.postgres.session import (
 from troth.store.retention import Retention, SqlRetention
 
 log = logging.getLogger("troth.store.postgres")
+#: The write ``probe`` commits: the newest schema_version row, unchanged.
+_PROBE = (
+    "UPDATE schema_version SET applied_at = applied_at"
+    " WHERE version = (SELECT max(version) FROM schema_version)"
+)
 
 
 T = TypeVar("T")
@@ -165,7 +172,14 @@ class PostgresStore(Session, Store):
             unreachable_since: float | None = None
             while True:
                 try:
-                    outcomes = self._attempt(jobs, aside, prelock, careful, claiming)
+                    try:
+                        outcomes = self._attempt(jobs, aside, prelock, careful, claiming)
+                    except Exception as exc:
+                        fault = write_refused(exc)
+                        if fault is None:
+                            raise
+                        self.rollback()  # full or read-only: no job of it would pass
+                        return [Outcome(error=fault) for _ in jobs]
                     self.gave_up = False
                     return outcomes
                 except _Rerun:
@@ -355,6 +369,20 @@ class PostgresStore(Session, Store):
                         raise StoreUnavailable(f"postgres store unavailable: {exc}") from exc
         finally:
             self.lock.release()
+
+    def refused(self, exc: BaseException) -> StoreFault | None:
+        """PostgreSQL's own (``postgres/faults.py``); a batch that lost every attempt
+        to concurrent writers (``StoreBusy``) says nothing of the database's health."""
+        if isinstance(exc, StoreBusy):
+            return None
+        if isinstance(exc, psycopg.OperationalError):
+            return StoreFault("unavailable", str(exc))
+        return write_refused(exc) or super().refused(exc)
+
+    def probe(self) -> None:
+        """One write transaction that rewrites the newest ``schema_version`` row as it
+        is (refused by a read-only database, and by one out of reach)."""
+        self.run(lambda cur: cur.execute(_PROBE))
 
     def _own(self, kind: type[Session]) -> Session:
         """The session of its own that ``kind`` names, opened on first use: operators'

@@ -30,6 +30,7 @@ from troth.store.base import (
     read_only,
 )
 from troth.store.codec import PROMISE_COLS, SCHEDULE_COLS, TASK_COLS, RowCodec
+from troth.store.faults import Reason, StoreFault
 from troth.store.inspection import Inspection, SqlInspection
 from troth.store.migrate import check_version, migrate
 from troth.store.outbox import OutboxStore, OutboxTable, SqlOutboxTable
@@ -45,6 +46,21 @@ T = TypeVar("T")
 
 #: Milliseconds the writer's connection waits for another process's write lock.
 BUSY_MS: Final = 5000
+#: SQLite's primary result codes that say the store refuses writes (``refused``).
+_FAULTS: Final[dict[int, Reason]] = {
+    13: "disk_full",  # SQLITE_FULL
+    8: "read_only",  # SQLITE_READONLY
+    3: "read_only",  # SQLITE_PERM
+    10: "unavailable",  # SQLITE_IOERR
+    14: "unavailable",  # SQLITE_CANTOPEN
+}
+#: Bytes a probe wants free beside the file before it says the store takes writes.
+PROBE_ROOM: Final = 1 << 20
+#: The write ``probe`` commits: the newest schema_version row, unchanged.
+_PROBE: Final = (
+    "UPDATE schema_version SET applied_at = applied_at"
+    " WHERE version = (SELECT max(version) FROM schema_version)"
+)
 
 # -- integers ---------------------------------------------------------------------------
 
@@ -453,6 +469,43 @@ class SqliteStore(Store):
             raise StoreUnavailable(f"sqlite store unavailable: {exc}") from exc
         finally:
             self.lock.release()
+
+    def refused(self, exc: BaseException) -> StoreFault | None:
+        """SQLite's own: a full disk (``SQLITE_FULL``), a file or directory it may not
+        write (``SQLITE_READONLY``, ``SQLITE_PERM``), a file it cannot read or write
+        any more (``SQLITE_IOERR``, ``SQLITE_CANTOPEN``)."""
+        if isinstance(exc, sqlite3.Error):
+            reason = _FAULTS.get(getattr(exc, "sqlite_errorcode", 0) & 0xFF)
+            return None if reason is None else StoreFault(reason, str(exc))
+        return super().refused(exc)
+
+    def probe(self) -> None:
+        """At least :data:`PROBE_ROOM` bytes free beside the file, then one write
+        transaction that rewrites the newest ``schema_version`` row as it is: a page
+        written to the WAL and its fsync, as a batch's COMMIT does.  (The page alone
+        may fit where a request's rows do not: a disk that refused a request stays
+        "full" until there is room for more than a page.)"""
+        if self.path not in (":memory:", ""):
+            where = os.path.dirname(os.path.realpath(self.path))
+            disk = os.statvfs(where)
+            room = disk.f_bavail * disk.f_frsize
+            if room < PROBE_ROOM:
+                raise StoreFault("disk_full", f"{room} bytes free in {where}")
+        with self.transaction() as conn:
+            conn.execute(_PROBE)
+
+    def recovered(self) -> None:
+        """Give back the WAL that grew while commits could not be checkpointed into a
+        full disk: a ``TRUNCATE`` checkpoint copies it into the file and empties it
+        (it waits for readers at most ``busy_timeout``; if one holds it up, the WAL is
+        reused from its start by the next checkpoints anyway)."""
+        with self.lock:
+            if self.path in (":memory:", ""):
+                return
+            try:
+                self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+            except sqlite3.Error:
+                pass  # the next automatic checkpoint does the copying
 
     def read_inline(self, fn: Callable[[ReadOnly], T]) -> T:
         """On the event loop's own reader connection (a point read takes a few µs: less
