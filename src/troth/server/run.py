@@ -30,6 +30,18 @@ from troth.server.direct import http_protocol
 from troth.server.engine import Commit, Engine
 from troth.server.metrics import Metrics
 from troth.server.retention import Archive, RetentionLoop
+from troth.server.startup import (
+    EXIT_CONFIG,
+    EXIT_FAILED,
+    EXIT_LISTEN,
+    EXIT_OK,
+    EXIT_STORE,
+    cannot_listen,
+    cannot_open_store,
+    listen,
+    store_errors,
+    where,
+)
 from troth.store.base import Store
 from troth.store.memory import MemoryStore
 from troth.transport.http import HttpSender, PushTokens
@@ -189,7 +201,7 @@ def serve(settings: Settings) -> int:
         check_tls(settings)
     except ConfigError as exc:
         print(f"troth: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_CONFIG
     announce_auth(settings, auth, logging.getLogger("troth"))
     if settings.workers > 1:
         from troth.server.workers import supervise
@@ -200,27 +212,65 @@ def serve(settings: Settings) -> int:
 
 def serve_on(settings: Settings, sock: socket.socket | None) -> int:
     """One troth process, its settings checked by :func:`serve`: on ``sock`` (a
-    ``--workers`` child's) or binding ``host``/``port`` itself."""
+    ``--workers`` child's) or on ``host``/``port``, bound here before the store is
+    opened.  Each way the start can fail is one line on stderr and an exit code of
+    its own (``server/startup.py``); the "listening" line comes once the server
+    accepts connections, never before."""
     # The writer thread releases the GIL around every SQLite call; with the default
     # 5 ms switch interval, taking it back waits behind the event loop and each group
     # commit stalls for milliseconds.  A short interval keeps the hand-offs short.
     sys.setswitchinterval(SWITCH_INTERVAL)
     log = logging.getLogger("troth")
-    app = build_app(settings)
+    try:
+        sockets = [sock] if sock is not None else listen(settings.host, settings.port)
+    except OSError as exc:
+        print(f"troth: {cannot_listen(settings.host, settings.port, exc)}", file=sys.stderr)
+        return EXIT_LISTEN
+    try:
+        store = open_store(settings)
+    except store_errors() as exc:
+        for s in sockets:
+            s.close()
+        print(f"troth: {cannot_open_store(settings, exc)}", file=sys.stderr)
+        return EXIT_STORE
+    app = build_app(settings, store)
     tune_gc()
-    log.info(
-        "troth listening on %s://%s:%d (store=%s%s, debug=%s)",
-        "https" if settings.tls_cert else "http",
-        settings.host,
-        settings.port,
-        settings.store,
-        f" db={settings.db} synchronous={settings.synchronous}"
-        if settings.store == "sqlite"
-        else "",
-        settings.debug,
-    )
-    uvicorn.Server(uvicorn_config(app, settings)).run(sockets=None if sock is None else [sock])
-    return 0
+
+    def announce() -> None:
+        log.info(
+            "troth listening on %s://%s (store=%s%s, debug=%s)",
+            "https" if settings.tls_cert else "http",
+            where(settings.host, settings.port),
+            settings.store,
+            f" db={settings.db} synchronous={settings.synchronous}"
+            if settings.store == "sqlite"
+            else "",
+            settings.debug,
+        )
+
+    server = AnnouncingServer(uvicorn_config(app, settings), announce)
+    try:
+        server.run(sockets=sockets)
+    except SystemExit:
+        # uvicorn exits this way when the app's startup failed (logged above it).
+        if server.started:
+            raise
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+class AnnouncingServer(uvicorn.Server):
+    """uvicorn's server that says "listening" once it accepts connections: after the
+    app's startup completed and the sockets serve, not before."""
+
+    def __init__(self, config: uvicorn.Config, announce: Callable[[], None]) -> None:
+        super().__init__(config)
+        self.announce = announce
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        if self.started:
+            self.announce()
 
 
 def check_tls(settings: Settings) -> None:

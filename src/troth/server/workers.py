@@ -41,6 +41,7 @@ from multiprocessing.context import ForkProcess
 from types import FrameType
 
 from troth.server.config import Settings
+from troth.server.startup import EXIT_LISTEN, cannot_listen
 
 log = logging.getLogger("troth.workers")
 
@@ -189,8 +190,8 @@ def _child_main(settings: Settings, hold: int) -> None:
     try:
         sock = bind(settings, listen=True)
     except OSError as exc:
-        print(f"troth: cannot listen on {settings.host}:{settings.port}: {exc}", file=sys.stderr)
-        sys.exit(2)
+        print(f"troth: {cannot_listen(settings.host, settings.port, exc)}", file=sys.stderr)
+        sys.exit(EXIT_LISTEN)
     sys.exit(serve_on(settings, sock))
 
 
@@ -211,8 +212,8 @@ def supervise(settings: Settings) -> int:
     try:
         hold = bind(settings, listen=False)
     except OSError as exc:
-        print(f"troth: cannot listen on {settings.host}:{settings.port}: {exc}", file=sys.stderr)
-        return 2
+        print(f"troth: {cannot_listen(settings.host, settings.port, exc)}", file=sys.stderr)
+        return EXIT_LISTEN
     log.info(
         "troth: %d workers on %s:%d (store=postgres)",
         settings.workers,
