@@ -117,6 +117,15 @@ def test_a_postgresql_store_that_cannot_be_opened_is_one_line_exit_4(
     assert "s3cret-pw" not in done.stderr + done.stdout
 
 
+def test_workers_on_a_database_that_does_not_answer_stop_at_once(tmp_path: Path) -> None:
+    """Not children failing and starting again forever: one line, exit 4."""
+    args = ["--store", "postgres", "--postgres-url", "postgresql://troth:s3cret-pw@127.0.0.1:1/x"]
+    done = troth(tmp_path, "serve", "--workers", "2", "--port", str(free_port()), *args)
+    assert done.returncode == EXIT_STORE
+    assert one_line(done).startswith("troth: cannot open the PostgreSQL store (postgres_url): ")
+    assert "s3cret-pw" not in done.stderr
+
+
 def test_a_sqlite_file_that_cannot_be_created_is_one_line_exit_4(tmp_path: Path) -> None:
     db = tmp_path / "missing-dir" / "t.db"
     done = troth(tmp_path, "serve", "--db", str(db), "--port", str(free_port()))

@@ -59,6 +59,15 @@ def cannot_open_store(settings: Settings, exc: BaseException) -> str:
     return f"cannot open the SQLite store {settings.db}: {detail}"
 
 
+def reach_store(settings: Settings) -> None:
+    """Connect to the PostgreSQL database once and hang up: what a supervisor of
+    ``workers`` checks before it forks children that would each fail to open it.
+    Raises what :func:`store_errors` names."""
+    import psycopg
+
+    psycopg.connect(settings.postgres_url, connect_timeout=10).close()
+
+
 def store_errors() -> tuple[type[BaseException], ...]:
     """What opening a store raises when the store, not troth, is at fault."""
     errors: list[type[BaseException]] = [OSError, sqlite3.Error, SchemaError, StoreUnavailable]

@@ -21,7 +21,8 @@ nodes on one machine.  This module is their supervisor:
   child still running after the grace period is killed.
 
 Children are forked before the supervisor starts any thread or event loop: what
-they inherit is the settings.  The supervisor itself opens no store.  A child that
+they inherit is the settings.  The supervisor itself opens no store: it connects to
+the database once, to refuse a start that every child would fail, and hangs up.  A child that
 dies loses the connections the kernel had queued for it but it had not accepted
 (their clients see a reset and retry), as a single process that dies does.
 """
@@ -41,7 +42,14 @@ from multiprocessing.context import ForkProcess
 from types import FrameType
 
 from troth.server.config import Settings
-from troth.server.startup import EXIT_LISTEN, cannot_listen
+from troth.server.startup import (
+    EXIT_LISTEN,
+    EXIT_STORE,
+    cannot_listen,
+    cannot_open_store,
+    reach_store,
+    store_errors,
+)
 
 log = logging.getLogger("troth.workers")
 
@@ -214,6 +222,13 @@ def supervise(settings: Settings) -> int:
     except OSError as exc:
         print(f"troth: {cannot_listen(settings.host, settings.port, exc)}", file=sys.stderr)
         return EXIT_LISTEN
+    try:
+        reach_store(settings)
+    except store_errors() as exc:
+        # Each child would fail the same way and be started again forever.
+        hold.close()
+        print(f"troth: {cannot_open_store(settings, exc)}", file=sys.stderr)
+        return EXIT_STORE
     log.info(
         "troth: %d workers on %s:%d (store=postgres)",
         settings.workers,
