@@ -227,6 +227,7 @@ def _common() -> argparse.ArgumentParser:
     common.add_argument(
         "-S",
         "--server",
+        metavar="URL",
         default=os.environ.get("RESONATE_URL") or DEFAULT_SERVER,
         help=f"server URL (default: $RESONATE_URL or {DEFAULT_SERVER})",
     )
@@ -411,7 +412,7 @@ def add_client_commands(sub: Any) -> None:
     p.add_argument("--version", type=int, required=True, help="the task's version, as acquired")
     p.add_argument("--ttl", required=True, help="lease duration, e.g. 15s")
     for name, kind, aliases, what in (
-        ("fence", "task.fence", (), "a promise.create or settle fenced by the task's version"),
+        ("fence", "task.fence", (), "create or settle a promise, fenced by the task's version"),
         ("fulfill", "task.fulfill", ("complete",), "settle the task's promise and finish it"),
     ):
         p = _command(ts, name, task_action(kind), common, what, aliases)
@@ -435,9 +436,10 @@ def add_client_commands(sub: Any) -> None:
     p.add_argument("id", help="the task's id")
     p.add_argument("--version", type=int, required=True, help="the task's version, as acquired")
     for name in ("halt", "continue"):
-        p = _command(ts, name, _by_id(f"task.{name}"), common, f"{name} a task")
+        what = "stop a task from running" if name == "halt" else "let a halted task run again"
+        p = _command(ts, name, _by_id(f"task.{name}"), common, what)
         p.add_argument("id", help="the task's id")
-    p = _command(ts, "search", task_search, common, "search by state")
+    p = _command(ts, "search", task_search, common, "list tasks by state")
     p.add_argument("--state", help="pending, acquired, suspended, halted or fulfilled")
     p.add_argument("--limit", type=int, default=100, help="most shown (%(default)s)")
     p.add_argument("--cursor", help="where the previous page ended")
@@ -446,7 +448,8 @@ def add_client_commands(sub: Any) -> None:
         sub, "schedules", "schedule", "get, create, delete and search schedules", SCHEDULES_EPILOG
     )
     for name in ("get", "delete"):
-        p = _command(ss, name, _by_id(f"schedule.{name}"), common, f"{name} a schedule")
+        what = "show one schedule" if name == "get" else "delete a schedule"
+        p = _command(ss, name, _by_id(f"schedule.{name}"), common, what)
         p.add_argument("id", help="the schedule's id")
     p = _command(ss, "create", schedule_create, common, "create a schedule")
     p.add_argument("id", help="the schedule's id")
@@ -455,7 +458,7 @@ def add_client_commands(sub: Any) -> None:
     p.add_argument("--promise-timeout", required=True, help="duration, e.g. 1h")
     _value_flags(p, "promise-param")
     p.add_argument("--promise-tags", help='JSON object, e.g. \'{"k": "v"}\'')
-    p = _command(ss, "search", schedule_search, common, "search by tags")
+    p = _command(ss, "search", schedule_search, common, "list schedules by tags")
     p.add_argument("--tags", help='JSON object, e.g. \'{"k": "v"}\'')
     p.add_argument("--limit", type=int, default=10, help="most shown (%(default)s)")
     p.add_argument("--cursor", help="where the previous page ended")
