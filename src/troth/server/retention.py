@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
 
+from troth.plural import counted
 from troth.server.engine import Engine
 from troth.server.metrics import Metrics
 from troth.server.waiting import cancel_and_wait
@@ -117,7 +118,8 @@ class RetentionLoop:
             m.inc("troth_retention_rows_deleted_total", n, table=table)
         m.inc("troth_retention_rows_deleted_total", swept.outbox, table="outbox")
         if swept.trees:
-            log.debug("retention deleted %d workflows (%d promises)", swept.trees, swept.promises)
+            trees, promises = counted(swept.trees, "workflow"), counted(swept.promises, "promise")
+            log.debug("retention deleted %s (%s)", trees, promises)
         return swept
 
     async def _run(self) -> None:

@@ -41,6 +41,7 @@ from dataclasses import replace
 from multiprocessing.context import ForkProcess
 from types import FrameType
 
+from troth.plural import counted
 from troth.server.config import Settings
 from troth.server.startup import (
     EXIT_LISTEN,
@@ -156,7 +157,7 @@ class Supervisor:
 
     def _stop_all(self) -> int:
         """SIGTERM to every child, wait up to :data:`STOP_GRACE`, then SIGKILL."""
-        log.info("stopping %d workers", len(self.children))
+        log.info("stopping %s", counted(len(self.children), "worker"))
         for process in self.children.values():
             if process.is_alive() and process.pid is not None:
                 os.kill(process.pid, signal.SIGTERM)
