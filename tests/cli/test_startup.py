@@ -1,10 +1,11 @@
 """``troth serve`` says what happened at start: "listening" only once the port
 accepts connections, and each way a start fails is one line on stderr with an exit
-code of its own (README, "Exit codes") — real processes on real sockets."""
+code of its own (README, "Exit codes of troth serve") — real processes on real sockets."""
 
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -16,7 +17,13 @@ import httpx
 import pytest
 
 from helpers.support import free_port
-from troth.server.startup import EXIT_CONFIG, EXIT_LISTEN, EXIT_STORE
+from troth.server.startup import (
+    EXIT_CONFIG,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_LISTEN,
+    EXIT_STORE,
+)
 
 
 def troth(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -153,3 +160,12 @@ def test_an_unreadable_certificate_is_one_line_exit_2(tmp_path: Path) -> None:
     done = troth(tmp_path, "serve", *args)
     assert done.returncode == EXIT_CONFIG
     assert one_line(done) == f"troth: tls_cert: cannot read {missing}: No such file or directory"
+
+
+def test_the_readme_documents_each_exit_code() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("## Exit codes of `troth serve`", 1)[1].split("\n## ", 1)[0]
+    documented = {int(m) for m in re.findall(r"^\| `(\d+)` \|", section, re.M)}
+    codes = {EXIT_FAILED, EXIT_CONFIG, EXIT_LISTEN, EXIT_STORE, EXIT_INTERRUPTED}
+    assert codes <= documented, codes - documented
+    assert "cannot listen on 127.0.0.1:8001: address already in use" in section

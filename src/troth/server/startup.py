@@ -18,7 +18,7 @@ from troth.server.config import Settings
 from troth.store.base import StoreUnavailable
 from troth.store.migrate import SchemaError
 
-#: Exit codes of ``troth serve`` and ``troth dev`` (README, "Exit codes").
+#: Exit codes of ``troth serve`` and ``troth dev`` (README, "Exit codes of troth serve").
 EXIT_OK = 0
 #: An unexpected error: the server logged it with its traceback.
 EXIT_FAILED = 1
