@@ -14,6 +14,14 @@ class Formatter(argparse.HelpFormatter):
     def __init__(self, prog: str) -> None:
         super().__init__(prog, max_help_position=30)
 
+    def _format_action(self, action: argparse.Action) -> str:
+        text = super()._format_action(action)
+        if action.nargs == argparse.PARSER:
+            # The commands' list without its "COMMAND" heading line: the group's title
+            # ("commands:", "actions:") already says what follows.
+            text = text.split("\n", 1)[1]
+        return text
+
     def _fill_text(self, text: str, width: int, indent: str) -> str:
         if "\n" in text:
             return "".join(indent + line for line in text.splitlines(keepends=True))
