@@ -30,18 +30,6 @@ from troth.server.direct import http_protocol
 from troth.server.engine import Commit, Engine
 from troth.server.metrics import Metrics
 from troth.server.retention import Archive, RetentionLoop
-from troth.server.startup import (
-    EXIT_CONFIG,
-    EXIT_FAILED,
-    EXIT_LISTEN,
-    EXIT_OK,
-    EXIT_STORE,
-    cannot_listen,
-    cannot_open_store,
-    listen,
-    store_errors,
-    where,
-)
 from troth.store.base import Store
 from troth.store.memory import MemoryStore
 from troth.transport.http import HttpSender, PushTokens
@@ -201,7 +189,7 @@ def serve(settings: Settings) -> int:
         check_tls(settings)
     except ConfigError as exc:
         print(f"troth: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
+        return 2
     announce_auth(settings, auth, logging.getLogger("troth"))
     if settings.workers > 1:
         from troth.server.workers import supervise
@@ -220,6 +208,19 @@ def serve_on(settings: Settings, sock: socket.socket | None) -> int:
     # 5 ms switch interval, taking it back waits behind the event loop and each group
     # commit stalls for milliseconds.  A short interval keeps the hand-offs short.
     sys.setswitchinterval(SWITCH_INTERVAL)
+    from troth.server.announcing import AnnouncingServer
+    from troth.server.startup import (
+        EXIT_FAILED,
+        EXIT_LISTEN,
+        EXIT_OK,
+        EXIT_STORE,
+        cannot_listen,
+        cannot_open_store,
+        listen,
+        store_errors,
+        where,
+    )
+
     log = logging.getLogger("troth")
     try:
         sockets = [sock] if sock is not None else listen(settings.host, settings.port)
@@ -257,20 +258,6 @@ def serve_on(settings: Settings, sock: socket.socket | None) -> int:
             raise
         return EXIT_FAILED
     return EXIT_OK
-
-
-class AnnouncingServer(uvicorn.Server):
-    """uvicorn's server that says "listening" once it accepts connections: after the
-    app's startup completed and the sockets serve, not before."""
-
-    def __init__(self, config: uvicorn.Config, announce: Callable[[], None]) -> None:
-        super().__init__(config)
-        self.announce = announce
-
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets=sockets)
-        if self.started:
-            self.announce()
 
 
 def check_tls(settings: Settings) -> None:
