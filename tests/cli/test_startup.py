@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -24,6 +25,7 @@ from troth.server.startup import (
     EXIT_LISTEN,
     EXIT_STORE,
 )
+from troth.store.sqlite import SqliteStore
 
 
 def troth(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -140,6 +142,18 @@ def test_a_sqlite_file_that_cannot_be_created_is_one_line_exit_4(tmp_path: Path)
     assert (
         one_line(done) == f"troth: cannot open the SQLite store {db}: unable to open database file"
     )
+
+
+def test_a_database_of_a_newer_troth_is_one_line_exit_4(tmp_path: Path) -> None:
+    db = tmp_path / "t.db"
+    SqliteStore(str(db)).close()
+    with sqlite3.connect(db) as conn:
+        conn.execute("INSERT INTO schema_version VALUES (999, 'from the future', 0)")
+    done = troth(tmp_path, "serve", "--db", str(db), "--port", str(free_port()))
+    assert done.returncode == EXIT_STORE
+    line = one_line(done)
+    assert line.startswith(f"troth: cannot open the SQLite store {db}: database schema version")
+    assert "newer than the latest this troth knows" in line
 
 
 def test_an_unreadable_auth_key_is_one_line_exit_2(tmp_path: Path) -> None:
