@@ -1,6 +1,6 @@
 """Tables: the settings in force, the limits, one section per workload, the summary,
-the scale comparison, the peers, and the targets (issue 5 on SQLite, issue 6 on
-PostgreSQL), all as plain text."""
+the scale comparison, the peers, and troth's targets on SQLite and on PostgreSQL,
+all as plain text."""
 
 from __future__ import annotations
 
@@ -365,7 +365,7 @@ def target_lines(
 def postgres_target_lines(
     results: Sequence[Result], peers: Sequence[Result], limits: Limits
 ) -> list[str]:
-    """The targets on PostgreSQL (issue 6): troth's lifecycle on one node at least
+    """troth's targets on PostgreSQL: its lifecycle on one node at least
     PgQueuer's single-job end-to-end rate, and two nodes faster than one."""
 
     def rate_of(name: str, nodes: int, line: str) -> float | None:

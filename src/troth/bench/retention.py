@@ -1,4 +1,5 @@
-"""Does retention keep the store bounded, and what does it cost? (issue 14)
+"""Does retention keep the store bounded, and what does it cost? (docs/operations.md,
+"Retention")
 
 ``python -m troth.bench.retention [--seconds 60] [--horizon 10s] [--clients 32]``
 runs the same steady workflow load — each workflow a root and three children, all

@@ -1,5 +1,6 @@
 """The retention loop: settled workflows older than ``retention`` are deleted in the
-background, a small batch at a time (issue 14; the rules are store/retention.py's).
+background, a small batch at a time (docs/operations.md, "Retention"; the rules are
+store/retention.py's).
 
 Each batch runs between request batches (on the writer thread, for one writer) or on
 a session of its own (PostgreSQL, where it never waits for a request's rows), then
