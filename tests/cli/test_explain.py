@@ -1,6 +1,6 @@
 """``troth explain`` and the operator API (``GET /ops/…``) against a real server on every
-backend: each blocked situation of issue 12 built on the wire, explained with its
-evidence, and drawn by the CLI."""
+backend: each blocked situation that docs/operations.md ("Looking inside") lists, built
+on the wire, explained with its evidence, and drawn by the CLI."""
 
 from __future__ import annotations
 

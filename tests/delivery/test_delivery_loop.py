@@ -1,4 +1,4 @@
-"""The server's delivery loop end to end (issue #3 point 3): a remote that hangs is
+"""The server's delivery loop end to end: a remote that hangs is
 ``Unknown``, the periodic reconciliation re-sends an ``execute`` whose task is still
 pending at that version, and stops once the task moved on.
 """

@@ -1,4 +1,4 @@
-"""The built-in reconciler (issue #3): what the server knows settles an unknown row.
+"""The built-in reconciler: what the server knows settles an unknown row.
 
 An ``execute`` is done once its task left ``pending`` at that version, and is re-sent
 while the task is still pending at that version (a duplicate is fenced by the

@@ -1,4 +1,4 @@
-"""The deadline timer on the real clock (issue #2 point 3): it sleeps until the
+"""The deadline timer on the real clock: it sleeps until the
 earliest stored deadline, fires with millisecond precision, and a write that arms an
 earlier deadline wakes it.  Observed through ``debug.snap`` (what is *stored*), since
 every read projects anyway.

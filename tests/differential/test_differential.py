@@ -1,4 +1,4 @@
-"""Differential tests: random scripts against troth and the reference model (issue 4).
+"""Differential tests: random scripts against troth and the reference model.
 
 A hypothesis state machine sends random requests — valid and invalid, over a small id
 alphabet so that ids collide — moves the clock, and fires troth's timer (``debug.tick``).

@@ -64,7 +64,7 @@ def test_fence_preload_includes_the_sibling_it_created(store: str) -> None:
     state after it: it showed a sibling the fence *settled* as settled, but omitted a
     sibling the fence *created*.  Expected (the model): the state after the fence's
     writes, so ``c`` is listed; troth answered ``preload == []`` on both backends.
-    Since issue 18 a fence's ``preload`` is always ``[]`` (docs/protocol.md
+    Now a fence's ``preload`` is always ``[]`` (docs/protocol.md
     "preload"), in troth and in the model; the script stays as a fenced create of a
     branch sibling that both must answer alike."""
     replay(
@@ -135,7 +135,7 @@ def test_preload_of_a_new_task_uses_the_new_promises_branch(store: str) -> None:
 
 def test_preload_of_a_fence_shows_the_sibling_it_settled(store: str) -> None:
     """Model bug.  A fence that settles a sibling answered it settled in ``preload``
-    (the state after its writes); the model had read the state before.  Since issue 18
+    (the state after its writes); the model had read the state before.  Now
     a fence's ``preload`` is always ``[]`` (docs/protocol.md "preload"); the script
     stays as a fenced settle of a branch sibling that both must answer alike."""
     replay(

@@ -207,11 +207,12 @@ class PythonSdk:
         return [str(self.python), str(program_path(name)), *args]
 
 
-#: The SDKs' NATS connector (issue 15), installed beside ``resonate-sdk`` for the NATS
-#: tests, with the nats-py it works with: nats-py 2.16.0 validates header names on
-#: publish and refuses the connector's ``resonate:origin`` header (a colon is not a
-#: header-name character), so every request fails with ``nats: invalid header``;
-#: 2.15.0 sends it. troth never reads that header (it takes the origin from the subject).
+#: The SDKs' NATS connector (docs/operations.md, "NATS"), installed beside
+#: ``resonate-sdk`` for the NATS tests, with the nats-py it works with: nats-py
+#: 2.16.0 validates header names on publish and refuses the connector's
+#: ``resonate:origin`` header (a colon is not a header-name character), so every
+#: request fails with ``nats: invalid header``; 2.15.0 sends it. troth never reads
+#: that header (it takes the origin from the subject).
 NATS_CONNECTOR = ("resonate-nats==0.8.0", "nats-py==2.15.0")
 
 

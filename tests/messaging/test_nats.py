@@ -1,4 +1,4 @@
-"""NATS (issue 15, docs/operations.md "NATS"): requests over NATS answered exactly as
+"""NATS (docs/operations.md, "NATS"): requests over NATS answered exactly as
 ``POST /`` answers them, and ``nats://`` delivery, against a real ``nats-server``
 started for this module (``helpers/nats.py``; skipped without the binary).
 

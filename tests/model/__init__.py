@@ -1,5 +1,5 @@
 """An independent reference model of the protocol, its property catalogue, and the map
-from troth's stores onto it (issue 4).
+from troth's stores onto it, for the differential tests (docs/testing.md).
 
 * :mod:`model.machine` — SPEC.md §2–5 transcribed over plain lists, plus troth's
   documented choices (docs/protocol.md) where the specification leaves room;

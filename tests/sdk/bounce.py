@@ -1,5 +1,5 @@
 """A task that keeps bouncing, with the Python SDK (resonate-sdk 0.8.x), for troth's
-tests (tests/sdk/test_sdk_bounce.py, issue 18 item 2).
+tests (tests/sdk/test_sdk_bounce.py).
 
     python bounce.py worker --url URL --group GROUP --kind lacking|having|poison
     python bounce.py start  --url URL --id ID --group GROUP

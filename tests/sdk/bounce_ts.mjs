@@ -1,5 +1,5 @@
 // A task that keeps bouncing, with the TypeScript SDK (@resonatehq/sdk 0.11.x), for
-// troth's tests (tests/sdk/test_sdk_bounce.py, issue 18 item 2).
+// troth's tests (tests/sdk/test_sdk_bounce.py).
 //
 //   node bounce_ts.mjs worker URL GROUP lacking|having  # a worker of GROUP
 //   node bounce_ts.mjs start  URL ID GROUP              # rpc "bounced"(ID) on GROUP

@@ -1,5 +1,5 @@
 """Two troth nodes on one PostgreSQL database sharing the NATS queue group, the real
-Python SDK over NATS only, and one node SIGKILLed mid-run (issue 15, item 3).
+Python SDK over NATS only, and one node SIGKILLed mid-run.
 
 * a throwaway PostgreSQL database, the test's own ``nats-server``, and two
   ``troth serve --store postgres --nats-url`` processes (``n1``, ``n2``): NATS hands

@@ -1,6 +1,6 @@
 """Three troth nodes on one PostgreSQL database, the real Python SDK, and a crash.
 
-Issue 6 asks that a node which dies loses nothing: its claims are reaped, the
+A node that dies must lose nothing: its claims are reaped, the
 workers that were connected to it reconnect to another node, and every workflow
 completes, with no task version granted twice.  This test builds that setting
 with real processes:

@@ -1,4 +1,4 @@
-"""The published SDKs against ``troth serve --auth-publickey`` (issue #11, item 6).
+"""The published SDKs against ``troth serve --auth-publickey`` (docs/security.md).
 
 Keys are made here (Ed25519), tokens signed here, and handed to the SDK processes
 as ``RESONATE_TOKEN``, the way an operator sets them:

@@ -1,4 +1,5 @@
-"""A task that keeps bouncing backs off, with the published SDKs (issue 18).
+"""A task that keeps bouncing backs off, with the published SDKs
+(docs/protocol.md, "Tasks that keep bouncing back off").
 
 A worker of the group that lacks the function (``tests/sdk/bounce_ts.mjs worker …
 lacking``, ``tests/sdk/bounce.py worker --kind lacking``) answers every ``execute``

@@ -1,4 +1,4 @@
-"""``troth explain`` on workflows the Python SDK really ran (issue 12): an RPC to a
+"""``troth explain`` on workflows the Python SDK really ran: an RPC to a
 group with no worker, a durable sleep, and a worker SIGSTOPped while it holds the
 workflow's lease.  Each test runs ``troth serve`` as a child process (SQLite file, or
 PostgreSQL on a throwaway database) and the SDK program ``tests/sdk/stuck.py``, and

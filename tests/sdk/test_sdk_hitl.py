@@ -1,4 +1,4 @@
-"""Human in the loop with the published SDKs: a workflow waits for a person (issue 18).
+"""Human in the loop with the published SDKs: a workflow waits for a person.
 
 A workflow awaits a durable promise of its own (``ctx.promise()``) that nobody but a
 person settles; a second client settles it a few seconds later, and the workflow must

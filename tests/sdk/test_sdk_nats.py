@@ -1,4 +1,4 @@
-"""The published Python SDK over NATS (issue 15): ``resonate-sdk`` 0.8.1 with the
+"""The published Python SDK over NATS: ``resonate-sdk`` 0.8.1 with the
 ``resonate-nats`` 0.8.0 connector (``NatsConnection`` as network and source), against
 a real ``troth serve --nats-url`` and a real ``nats-server``.  The SDK processes know
 only the NATS URL: every request reaches troth through the queue group, and every

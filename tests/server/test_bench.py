@@ -71,7 +71,7 @@ def test_every_workload_runs_tiny_and_verifies(tmp_path: Path) -> None:
     # Settings in force, summary, scale and targets tables.
     for needle in ("synchronous=full", "group commit", "summary", "scale ("):
         assert needle in text, needle
-    assert "targets of issue 5" in text
+    assert "troth's targets (stated for 2 cores" in text
     assert report.rss_at_rest and report.rss_at_rest > 0
     assert report.scale and report.scale[0].stored == 300
     assert {r.name for r in report.scale[0].results} == {"reads", "create-settle", "lifecycle"}
@@ -216,7 +216,7 @@ def test_every_workload_runs_tiny_on_postgres_and_verifies(tmp_path: Path) -> No
     assert limits.pg_commits and limits.pg_serial and limits.pg_rows
     assert limits.pg_commit_latency["p50"] > 0
     assert "raw PostgreSQL, 1 row per commit, 4 connections" in text
-    assert "1-row PostgreSQL commits" in text and "targets of issue 6" in text
+    assert "1-row PostgreSQL commits" in text and "troth's PostgreSQL targets" in text
     assert report.scale and report.scale[0].stored == 300 and report.scale[0].db_bytes > 0
     assert bench_databases() == before
 

@@ -1,5 +1,5 @@
 """SQLite batches run on the event loop; only their COMMIT and exclusive work on the
-writer thread (``Store.loop_batches``, issue 16 item 1).
+writer thread (``Store.loop_batches``).
 
 What must hold: requests waiting together still share one transaction (group
 commit), a batch is answered only once its COMMIT returned, exclusive work runs

@@ -1,4 +1,4 @@
-"""Read-only requests are answered off the writer (issue 16, item 2).
+"""Read-only requests are answered off the writer: they never queue behind writes.
 
 Point reads and searches on a SQLite file, and every read on PostgreSQL, are served
 from reader connections: they answer while the writer thread is busy with something

@@ -1,5 +1,5 @@
 """``troth backup``: a consistent, verified copy of a SQLite database that a running
-``troth serve`` keeps writing (issue 14, item 4).
+``troth serve`` keeps writing (docs/operations.md, "Backup and restore").
 
 The server is a real child process and the backup another process's connection, so
 the copy is taken exactly as an operator takes it: WAL readers and the server's

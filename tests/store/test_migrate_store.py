@@ -1,5 +1,5 @@
 """``troth migrate-store``: a SQLite store moved into an empty PostgreSQL database
-equals its source (issue 14, item 4).
+equals its source (docs/operations.md, "Moving from SQLite to PostgreSQL").
 
 The source holds every kind of row the stores write: random jobs of the store
 contract (promises of every state with tags, callbacks and listeners; tasks of every

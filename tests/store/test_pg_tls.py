@@ -4,7 +4,8 @@ A cluster of the test's own with ``ssl = on`` and a certificate the test makes
 (valid for 127.0.0.1), which accepts TLS connections only (``hostssl`` in
 pg_hba.conf).  troth with ``sslmode=verify-full`` and that certificate as its CA
 serves, and every connection it opens is encrypted; with another CA it refuses to
-start, with one line and exit status 2.
+start, with one line and exit status 4 (the store cannot be opened: README, "Exit
+codes of troth serve").
 """
 
 from __future__ import annotations
@@ -74,10 +75,10 @@ def test_a_wrong_ca_is_refused_at_startup_with_one_line(
     argv = [sys.executable, "-m", "troth.cli.main", "serve", "--store", "postgres"]
     argv += ["--port", str(free_port()), "--postgres-url", url]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 2, done.stderr
+    assert done.returncode == 4, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, lines
-    assert lines[0].startswith("troth: cannot use postgres_url:"), lines
+    assert lines[0].startswith("troth: cannot open the PostgreSQL store (postgres_url):"), lines
     assert "certificate verify failed" in lines[0], lines
 
 

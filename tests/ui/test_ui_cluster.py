@@ -1,5 +1,5 @@
-"""The dashboard of two troth nodes on one PostgreSQL database (issue 13: nodes with
-their heartbeats on the overview; workers on the node that holds their connection).
+"""The dashboard of two troth nodes on one PostgreSQL database: nodes with
+their heartbeats on the overview; workers on the node that holds their connection.
 
 A fresh database of the test's own (``helpers.pg``, dropped after); ``troth serve``
 ``n1`` and ``n2`` on it; one resonate-sdk worker (``tests/sdk/stuck.py``, group

@@ -1,4 +1,4 @@
-"""The dashboard on workflows the real Python SDK ran (issue 13, item 3).
+"""The dashboard on workflows the real Python SDK ran, as an operator sees them.
 
 A ``troth serve`` child process on a SQLite file; resonate-sdk 0.8.1 in its own
 Python 3.12 venv (``helpers.sdk_env``) runs ``tests/sdk/stuck.py`` as separate

@@ -1,4 +1,5 @@
-"""A task that keeps bouncing backs off (issue 18 item 2; docs/protocol.md, "Bounces").
+"""A task that keeps bouncing backs off (docs/protocol.md, "Tasks that keep bouncing
+back off").
 
 A worker that takes a task and gives it back without progress (``task.release``
 answered 200) bounces it; the specification's release re-pends the task at once and
@@ -99,7 +100,7 @@ def test_progress_ends_the_episode(server: RunningServer) -> None:
 
 
 def test_a_refused_suspend_is_not_progress(server: RunningServer) -> None:
-    """The TypeScript SDK's spin of issue 18: suspend refused, release, again."""
+    """The TypeScript SDK's spin: suspend refused, release, again."""
     create(server)
     create(server, "internal", {})  # not external: a suspend awaiting it is refused
     for n, at in enumerate(range(NOW + 1, NOW + 5), start=1):

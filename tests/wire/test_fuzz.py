@@ -1,4 +1,4 @@
-"""Wire fuzz (issue 11 item 5): mutated envelopes built from the request shapes of
+"""Wire fuzz: mutated envelopes built from the request shapes of
 ``troth.protocol.requests`` — wrong types, missing and extra fields, deep nesting,
 huge numbers, odd unicode (U+0000, lone surrogates escaped in JSON), truncated bytes,
 unknown kinds — on memory, SQLite and PostgreSQL.  For every body: never a 500, an

@@ -1,6 +1,6 @@
-"""Operator limits (issue 11 item 5): nesting depth, id and tag lengths, open SSE
-connections, slow clients.  Over a limit: the documented status and message, nothing
-changed; at the limit: served."""
+"""Operator limits (docs/operations.md, "Limits and slow clients"): nesting depth, id
+and tag lengths, open SSE connections, slow clients.  Over a limit: the documented
+status and message, nothing changed; at the limit: served."""
 
 from __future__ import annotations
 

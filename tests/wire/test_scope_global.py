@@ -1,4 +1,4 @@
-"""A promise tagged ``resonate:scope: global`` is external (issue 18, docs/protocol.md).
+"""A promise tagged ``resonate:scope: global`` is external (docs/protocol.md).
 
 troth's compatibility extension of SPEC.md §2.3: besides ``resonate:external: "true"``,
 a target or a timer, the tag ``resonate:scope`` exactly ``"global"`` makes a promise

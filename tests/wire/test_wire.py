@@ -1,4 +1,4 @@
-"""The wire (issue #2 points 5 and 6): envelope, routes, bad input, internal errors.
+"""The wire: envelope, routes, bad input, internal errors.
 
 Every refusal must leave the store exactly as it was, so most tests compare
 ``debug.snap`` before and after.

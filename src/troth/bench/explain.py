@@ -29,6 +29,7 @@ from troth.machine.internal import Config
 from troth.ops.explain import explain
 from troth.ops.facts import gather
 from troth.ops.workers import ClusterView
+from troth.plural import counted
 from troth.protocol import requests as rq
 from troth.protocol.records import Value
 from troth.store.base import Job, Overlay, Store
@@ -135,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
                 ),
                 ("counts by state (scans)", lambda: store.inspect(lambda i: i.counts())),
             ]
-            print(f"{'read':34} {'p50 ms':>8} {'max ms':>8}   ({args.repeat} runs each)")
+            runs = counted(args.repeat, "run")
+            print(f"{'read':34} {'p50 ms':>8} {'max ms':>8}   ({runs} each)")
             for name, fn in reads:
                 repeat = args.repeat if "counts" not in name else max(3, args.repeat // 5)
                 p50, worst = timed(fn, repeat)

@@ -162,7 +162,12 @@ def open_loop_loads(text: str) -> tuple[Offered, ...]:
 def add_bench_flags(p: argparse.ArgumentParser) -> None:
     d = Options()
     p.add_argument("--url", help="drive this running server instead of starting one")
-    p.add_argument("--store", choices=["sqlite", "memory", "postgres"], default=d.store)
+    p.add_argument(
+        "--store",
+        choices=["sqlite", "memory", "postgres"],
+        default=d.store,
+        help="the store of the server it starts (%(default)s)",
+    )
     p.add_argument(
         "--postgres-url",
         help="database the nodes share with --store postgres (default: a throwaway database"
@@ -191,7 +196,7 @@ def add_bench_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--one-port",
         action="store_true",
-        help="run the nodes as one `troth serve --workers N` (one port, the kernel spreads"
+        help="run the nodes as one 'troth serve --workers N' (one port, the kernel spreads"
         " connections) instead of N servers the clients are spread over",
     )
     p.add_argument(
@@ -215,7 +220,12 @@ def add_bench_flags(p: argparse.ArgumentParser) -> None:
         default=d.peer_inflight,
         help="jobs each single-job producer may have enqueued and not yet completed (4)",
     )
-    p.add_argument("--synchronous", choices=["full", "normal"], default=d.synchronous)
+    p.add_argument(
+        "--synchronous",
+        choices=["full", "normal"],
+        default=d.synchronous,
+        help="SQLite durability of the server it starts (%(default)s)",
+    )
     p.add_argument("--dir", help="working directory for the database (default: a new temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the working directory")
     p.add_argument("--clients", type=int, default=d.clients, help="concurrent clients (64)")
@@ -261,7 +271,12 @@ def add_bench_flags(p: argparse.ArgumentParser) -> None:
         default=d.scale,
         help="stored-promise counts to compare, e.g. 10000,1000000 (seeded before start)",
     )
-    p.add_argument("--scale-seconds", type=float, default=d.scale_seconds)
+    p.add_argument(
+        "--scale-seconds",
+        type=float,
+        default=d.scale_seconds,
+        help="measured seconds of each --scale count (%(default)g)",
+    )
     p.add_argument("--profile", help="record py-spy profiles of the server into this directory")
     p.add_argument(
         "--profile-mode",
@@ -295,7 +310,12 @@ def add_bench_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--chart", help="write the open-loop curves to this SVG file")
     p.add_argument("--json", help="also write the results as JSON to this file")
-    p.add_argument("--op-timeout", type=float, default=d.op_timeout)
+    p.add_argument(
+        "--op-timeout",
+        type=float,
+        default=d.op_timeout,
+        help="longest wait for one message before the run fails (%(default)g s)",
+    )
     p.add_argument(
         "--wait-quiet",
         type=float,

@@ -57,6 +57,7 @@ from troth.bench.options import Options
 from troth.bench.pg import as_uri, backend_pids, dbname_of, throwaway
 from troth.bench.pgq_worker import ENTRYPOINT
 from troth.bench.results import Result, Series
+from troth.plural import counted
 
 INSTALL = "pip install 'troth[bench]'  (or: pip install 'pgqueuer[asyncpg]')"
 PAYLOAD = b'{"func":"bench","args":[1],"kwargs":{},"version":1}'
@@ -360,7 +361,7 @@ async def single(
             cpu=probe.cpu,
             rss_max=probe.rss_max,
             peer="pgqueuer",
-            context=f"{producers} producers",
+            context=counted(producers, "producer"),
         )
         result.checks += await _verify(dsn, worker, reported, enqueued[0])
         result.notes.append(

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from troth.bench.measure import Window
+from troth.plural import counted
 
 #: Frames that are on every stack of their thread and say nothing about cost.
 _PLUMBING = (
@@ -148,7 +149,7 @@ def render(name: str, threads: dict[str, ThreadProfile], n: int = 12) -> list[st
     """Per thread: the top functions by self time, then by total (inclusive) time."""
     lines: list[str] = []
     for thread in sorted(threads.values(), key=lambda t: -t.samples):
-        lines.append(f"  {name} · thread {thread.name} · {thread.samples} samples")
+        lines.append(f"  {name} · thread {thread.name} · {counted(thread.samples, 'sample')}")
         for which in ("self", "total"):
             lines.append(f"    by {which} time:")
             for function, share in thread.top(which, n):

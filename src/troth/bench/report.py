@@ -1,6 +1,6 @@
 """Tables: the settings in force, the limits, one section per workload, the summary,
-the scale comparison, the peers, and the targets (issue 5 on SQLite, issue 6 on
-PostgreSQL), all as plain text."""
+the scale comparison, the peers, and troth's targets on SQLite and on PostgreSQL,
+all as plain text."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from troth.bench.measure import CpuShare
 from troth.bench.results import Limits, Result, ScalePoint, Series
+from troth.plural import counted
 
 MB = 1024 * 1024
 
@@ -90,7 +91,7 @@ def limits_lines(limits: Limits, synchronous: str) -> list[str]:
         n = limits.pg_clients
         rows = [
             _ceiling(
-                f"raw PostgreSQL, 1 row per commit, {n} connections",
+                f"raw PostgreSQL, 1 row per commit, {counted(n, 'connection')}",
                 limits.pg_commits,
                 "commits/s",
                 limits.pg_commit_latency,
@@ -354,15 +355,17 @@ def target_lines(
         )
     else:
         add("RSS <= 300 MB with 1M promises stored", "not measured (--scale 1000000)", None)
-    where = f"{cpus} CPUs, synchronous={synchronous.upper()}, {clients} clients"
-    title = f"targets of issue 5 (stated for 2 cores, FULL, 64 clients; this run: {where})"
+    where = (
+        f"{counted(cpus, 'CPU')}, synchronous={synchronous.upper()}, {counted(clients, 'client')}"
+    )
+    title = f"troth's targets (stated for 2 cores, FULL, 64 clients; this run: {where})"
     return [title, *table(["target", "this run", ""], rows)]
 
 
 def postgres_target_lines(
     results: Sequence[Result], peers: Sequence[Result], limits: Limits
 ) -> list[str]:
-    """The targets on PostgreSQL (issue 6): troth's lifecycle on one node at least
+    """troth's targets on PostgreSQL: its lifecycle on one node at least
     PgQueuer's single-job end-to-end rate, and two nodes faster than one."""
 
     def rate_of(name: str, nodes: int, line: str) -> float | None:
@@ -404,7 +407,7 @@ def postgres_target_lines(
     cs2 = rate_of("create-settle", 2, "requests")
     if cs1 is not None and cs2 is not None:
         add("create-settle: 2 nodes faster than 1", f"{cs2:,.0f} vs {cs1:,.0f} req/s", cs2 > cs1)
-    title = "targets of issue 6 (PostgreSQL"
+    title = "troth's PostgreSQL targets"
     if limits.pg_commits:
-        title += f"; raw 1-row commits in this run: {limits.pg_commits:,.0f}/s"
-    return [title + ")", *table(["target", "this run", ""], rows)]
+        title += f" (raw 1-row commits in this run: {limits.pg_commits:,.0f}/s)"
+    return [title, *table(["target", "this run", ""], rows)]

@@ -1,4 +1,5 @@
-"""Does retention keep the store bounded, and what does it cost? (issue 14)
+"""Does retention keep the store bounded, and what does it cost? (docs/operations.md,
+"Retention")
 
 ``python -m troth.bench.retention [--seconds 60] [--horizon 10s] [--clients 32]``
 runs the same steady workflow load — each workflow a root and three children, all
@@ -29,6 +30,7 @@ from troth.bench import pg
 from troth.bench.http import HttpConnection
 from troth.bench.procs import ServerProcess
 from troth.durations import parse_duration
+from troth.plural import counted
 
 _encode = msgspec.json.encode
 HOUR = 3_600_000
@@ -195,7 +197,8 @@ async def main_async(args: argparse.Namespace) -> int:
                         args.vacuum,
                     )
                 )
-    print(f"steady load: {args.clients} clients, workflows of 4 promises (8 requests)")
+    load = counted(args.clients, "client")
+    print(f"steady load: {load}, workflows of 4 promises (8 requests)")
     if args.postgres:
         print(f"retention {horizon} vs none; PostgreSQL; MB = tables+indexes / - / live share")
     else:

@@ -66,6 +66,7 @@ from troth.bench.sdk_steps import StepRun, sdk_steps
 from troth.bench.seed import SeedIds, seed, seed_postgres
 from troth.bench.sweep import Curve, chart_of, curve_lines, open_loop
 from troth.bench.workloads import RUNNERS, Ctx, reads_of
+from troth.plural import counted
 
 
 @dataclass
@@ -207,10 +208,11 @@ def settings_lines(s: dict[str, Any]) -> list[str]:
         f"  software: troth {s['troth']} · {s['python']} · uvicorn {s['uvicorn']} "
         f"(uvloop {s['uvloop']}, httptools {s['httptools']}) · msgspec {s['msgspec']} "
         f"· SQLite {s['sqlite']}",
-        f"  machine:  {s['cpus']} CPUs ({s['cpu_model']}), Linux {s['kernel']}",
+        f"  machine:  {counted(s['cpus'], 'CPU')} ({s['cpu_model']}), Linux {s['kernel']}",
         f"  storage:  {s['filesystem']}; work dir {s['workdir']}",
         server,
-        f"  load:     {s['clients']} clients, {s['sse_workers']} SSE workers; "
+        f"  load:     {counted(s['clients'], 'client')}, "
+        f"{counted(s['sse_workers'], 'SSE worker')}; "
         f"warm-up {s['warmup_s']:g} s, window {s['window_s']:g} s per workload; "
         f"generator {s['generator']}",
     ]

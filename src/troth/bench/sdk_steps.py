@@ -3,7 +3,7 @@ workflow run by the published SDKs, against troth and in the SDKs' own process.
 
 Why this is a workload of its own: the other workloads drive troth with the bench's
 lean client, so they say what troth costs; a user's workflow pays for the SDK's HTTP
-stack, its own per-step work and the server's answer as well (issue 18 item 4: a
+stack, its own per-step work and the server's answer as well (a
 TypeScript workflow of ~930 sequential fences took 3-11 s against troth and ~1 s in
 the SDK's in-process mode).  Here each SDK runs a workflow of N sequential steps
 (``src/troth/bench/sdk/steps_py.py``, ``steps_ts.mjs``) in its own process, as a user

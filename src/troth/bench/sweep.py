@@ -30,6 +30,7 @@ from troth.bench.options import Offered
 from troth.bench.results import Result
 from troth.bench.svg import Line, Panel, chart
 from troth.bench.workloads import TAG, Ctx, Ledger, WorkerPool, expect_census, param
+from troth.plural import counted
 
 #: Workloads with an open-loop form, and what one of their operations is.
 OPERATIONS = {
@@ -224,7 +225,7 @@ def curve_lines(curve: Curve) -> list[str]:
     if curve.closed_max:
         lines.append(
             f"  closed-loop maximum {curve.closed_max:,.0f} {curve.unit}/s at"
-            f" {curve.clients} clients; 1 {curve.unit} = {what}"
+            f" {counted(curve.clients, 'client')}; 1 {curve.unit} = {what}"
         )
     rows = []
     for p in curve.points:
@@ -252,7 +253,7 @@ def curve_lines(curve: Curve) -> list[str]:
         f"  note: {curve.arrivals} arrivals; latency from each {curve.unit}'s intended start"
         f" to its last answer; lag = first write − intended start"
         " (the wait for a free connection, or the generator's own delay);"
-        f" late = started while all {curve.cap} connections were busy;"
+        f" late = started while all {counted(curve.cap, 'connection')} were busy;"
         " req/txn = requests per group-commit transaction"
     )
     if any(p.run.cpu.generator >= 0.9 for p in curve.points):

@@ -37,6 +37,7 @@ from troth.bench.measure import DbPids, Probe, Recorder, Samples, Window
 from troth.bench.nats import RECV, NatsClient, NatsRequests
 from troth.bench.options import Options
 from troth.bench.results import Result, Series
+from troth.plural import counted
 
 #: Tag that marks every promise of a run and workload, so the census can find them.
 TAG = "troth-bench"
@@ -658,7 +659,8 @@ async def fanout(ctx: Ctx) -> Result:
         raise BenchFailure(f"fanout: {parents} parents, {resumed} resumed and re-acquired")
     result.checks.append(await expect_census(ctx, "fanout", "resolved", total))
     result.checks.append(
-        f"{parents:,} parents resumed once after {width} children; {total:,} tasks fulfilled once"
+        f"{counted(parents, 'parent')} resumed once after {counted(width, 'child', 'children')};"
+        f" {counted(total, 'task')} fulfilled once"
     )
     result.checks += pool.check()
     return result
@@ -877,7 +879,8 @@ async def heartbeat(ctx: Ctx) -> Result:
         f"{opts.warmup + opts.duration:g} s with a {ttl} ms lease; each fulfilled once"
     )
     result.checks.append(await expect_census(ctx, "heartbeat", "resolved", len(ids)))
-    result.notes.append(f"each heartbeat renews {len(ids) // max(1, len(workers))} leases")
+    per_heartbeat = counted(len(ids) // max(1, len(workers)), "lease")
+    result.notes.append(f"each heartbeat renews {per_heartbeat}")
     return result
 
 

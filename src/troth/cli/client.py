@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Final
 
+from troth.cli.help import Formatter
 from troth.cli.inspect import show_explain, show_outbox, show_workers
 from troth.cli.remote import DEFAULT_SERVER, Remote, RemoteError, Unreachable
 from troth.cli.render import Renderer
@@ -226,11 +227,15 @@ def _common() -> argparse.ArgumentParser:
     common.add_argument(
         "-S",
         "--server",
+        metavar="URL",
         default=os.environ.get("RESONATE_URL") or DEFAULT_SERVER,
         help=f"server URL (default: $RESONATE_URL or {DEFAULT_SERVER})",
     )
     common.add_argument(
-        "-T", "--token", default=os.environ.get("RESONATE_TOKEN"), help="token ($RESONATE_TOKEN)"
+        "-T",
+        "--token",
+        default=os.environ.get("RESONATE_TOKEN"),
+        help="bearer token, for a server with auth on (default: $RESONATE_TOKEN)",
     )
     common.add_argument("--json", action="store_true", help="print the answer as JSON")
     return common
@@ -243,13 +248,94 @@ def _command(
     common: argparse.ArgumentParser,
     help: str,
     aliases: tuple[str, ...] = (),
+    epilog: str | None = None,
 ) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = group.add_parser(
-        name, parents=[common], help=help, aliases=list(aliases)
+        name,
+        parents=[common],
+        help=help,
+        aliases=list(aliases),
+        description=sentence(help),
+        epilog=epilog,
+        formatter_class=Formatter,
     )
     p.set_defaults(build=build)
     return p
 
+
+def sentence(help: str) -> str:
+    """A command's one-line help as the first sentence of its own ``--help``."""
+    return help[:1].upper() + help[1:] + "."
+
+
+def _group(sub: Any, name: str, alias: str, help: str, epilog: str) -> Any:
+    """``promises``, ``tasks``, ``schedules``: a command whose first word is an action."""
+    g = sub.add_parser(
+        name,
+        aliases=[alias],
+        help=help,
+        description=sentence(help),
+        epilog=epilog,
+        formatter_class=Formatter,
+    )
+    return g.add_subparsers(title="actions", dest="action", required=True, metavar="ACTION")
+
+
+PROMISES_EPILOG: Final = """\
+examples:
+  troth promises get order-42
+  troth promises search --state pending --tags '{"resonate:origin": "order-42"}'
+  troth promises create approval-7 --timeout 1h
+  troth promises resolve approval-7 --value '{"data": {"ok": true}}'
+  troth promises get order-42 --json"""
+
+TASKS_EPILOG: Final = """\
+examples:
+  troth tasks get order-42
+  troth tasks search --state acquired
+  troth tasks acquire order-42 --pid worker-1 --version 1 --ttl 15s
+  troth tasks release order-42 --version 1"""
+
+SCHEDULES_EPILOG: Final = """\
+examples:
+  troth schedules create nightly --cron "0 3 * * *" \\
+      --promise-id "report.{{.timestamp}}" --promise-timeout 1h
+  troth schedules get nightly
+  troth schedules delete nightly"""
+
+INVOKE_EPILOG: Final = """\
+examples:
+  troth invoke process_order --id order-43 --arg 43 --target poll://any@workers
+  troth invoke report --id report-1 --json-args '[2026, "q4"]' --delay 5m"""
+
+TREE_EPILOG: Final = """\
+examples:
+  troth tree order-42
+  troth tree order-42 --all      every settled sibling, none folded"""
+
+EXPLAIN_EPILOG: Final = """\
+Walks from the workflow down to what holds it back (a task nobody acquired, a
+worker group with no worker, a delivery that failed) and says why, one line
+each. It needs a troth server (its operator API, GET /ops/explain).
+
+examples:
+  troth explain order-42
+  troth explain order-42 --json"""
+
+WORKERS_EPILOG: Final = """\
+It needs a troth server (its operator API, GET /ops/workers).
+
+examples:
+  troth workers
+  troth workers --server http://troth.internal:8001"""
+
+OUTBOX_EPILOG: Final = """\
+It needs a troth server (its operator API, GET /ops/outbox).
+
+examples:
+  troth outbox --state failed
+  troth outbox --task order-42
+  troth outbox --limit 20 --before 1234"""
 
 _VALUE_HELP: Final = 'JSON, e.g. \'{"data": "hello"}\' (data goes out base64-encoded)'
 
@@ -263,12 +349,13 @@ def add_client_commands(sub: Any) -> None:
     """Register ``promises``, ``tasks``, ``schedules`` and ``invoke`` on ``sub``."""
     common = _common()
 
-    g = sub.add_parser("promises", aliases=["promise"], help="get, create, settle, search promises")
-    ps = g.add_subparsers(dest="action", required=True)
-    p = _command(ps, "get", lambda a: ("promise.get", {"id": a.id}), common, "one promise")
-    p.add_argument("id")
+    ps = _group(
+        sub, "promises", "promise", "get, create, settle and search promises", PROMISES_EPILOG
+    )
+    p = _command(ps, "get", lambda a: ("promise.get", {"id": a.id}), common, "show one promise")
+    p.add_argument("id", help="the promise's id")
     p = _command(ps, "create", promise_create, common, "create a promise")
-    p.add_argument("id")
+    p.add_argument("id", help="the new promise's id")
     p.add_argument("--timeout", required=True, help="duration until it times out, e.g. 1h")
     _value_flags(p, "param")
     p.add_argument("--tags", help='JSON object, e.g. \'{"k": "v"}\'')
@@ -277,14 +364,14 @@ def add_client_commands(sub: Any) -> None:
         ("reject", "rejected"),
         ("cancel", "rejected_canceled"),
     ):
-        p = _command(ps, name, promise_settle(state), common, f"settle a promise: {state}")
-        p.add_argument("id")
+        p = _command(ps, name, promise_settle(state), common, f"settle a promise as {state}")
+        p.add_argument("id", help="the promise's id")
         _value_flags(p, "value")
-    p = _command(ps, "search", promise_search, common, "search by state and tags")
+    p = _command(ps, "search", promise_search, common, "list promises by state and tags")
     p.add_argument("--state", help="pending, resolved, rejected, rejected_canceled, …")
     p.add_argument("--tags", help='JSON object, e.g. \'{"resonate:origin": "wf"}\'')
-    p.add_argument("--limit", type=int, default=100)
-    p.add_argument("--cursor")
+    p.add_argument("--limit", type=int, default=100, help="most promises shown (%(default)s)")
+    p.add_argument("--cursor", help="where the previous page ended")
     p = _command(
         ps,
         "register-callback",
@@ -292,8 +379,8 @@ def add_client_commands(sub: Any) -> None:
         common,
         "make awaiter's task resume when awaited settles",
     )
-    p.add_argument("awaited")
-    p.add_argument("awaiter")
+    p.add_argument("awaited", help="the promise waited on")
+    p.add_argument("awaiter", help="the promise whose task resumes")
     p = _command(
         ps,
         "register-listener",
@@ -301,44 +388,43 @@ def add_client_commands(sub: Any) -> None:
         common,
         "send an unblock to address when awaited settles",
     )
-    p.add_argument("awaited")
-    p.add_argument("address")
+    p.add_argument("awaited", help="the promise waited on")
+    p.add_argument("address", help="where the unblock goes, e.g. poll://any@workers")
 
-    g = sub.add_parser("tasks", aliases=["task"], help="get, acquire, fulfil, search tasks")
-    ts = g.add_subparsers(dest="action", required=True)
-    p = _command(ts, "get", lambda a: ("task.get", {"id": a.id}), common, "one task")
-    p.add_argument("id")
+    ts = _group(sub, "tasks", "task", "get, acquire, fulfill and search tasks", TASKS_EPILOG)
+    p = _command(ts, "get", lambda a: ("task.get", {"id": a.id}), common, "show one task")
+    p.add_argument("id", help="the task's id (its promise's)")
     p = _command(ts, "create", task_create, common, "create a promise and its task, acquired")
-    p.add_argument("id")
-    p.add_argument("--pid", required=True)
+    p.add_argument("id", help="the task's id")
+    p.add_argument("--pid", required=True, help="the process that holds the task")
     p.add_argument("--ttl", required=True, help="lease duration, e.g. 15s")
     p.add_argument("--timeout", required=True, help="the promise's timeout, e.g. 1h")
     _value_flags(p, "param")
-    p.add_argument("--tags")
+    p.add_argument("--tags", help='JSON object, e.g. \'{"k": "v"}\'')
     p.add_argument(
         "--target",
         default="poll://any@default",
         help="unless --tags names one (default %(default)s)",
     )
     p = _command(ts, "acquire", task_acquire, common, "acquire a pending task", ("claim",))
-    p.add_argument("id")
-    p.add_argument("--pid", required=True)
-    p.add_argument("--version", type=int, required=True)
+    p.add_argument("id", help="the task's id")
+    p.add_argument("--pid", required=True, help="the process that holds the task")
+    p.add_argument("--version", type=int, required=True, help="the task's version, as acquired")
     p.add_argument("--ttl", required=True, help="lease duration, e.g. 15s")
     for name, kind, aliases, what in (
-        ("fence", "task.fence", (), "a promise.create or settle fenced by the task's version"),
+        ("fence", "task.fence", (), "create or settle a promise, fenced by the task's version"),
         ("fulfill", "task.fulfill", ("complete",), "settle the task's promise and finish it"),
     ):
         p = _command(ts, name, task_action(kind), common, what, aliases)
-        p.add_argument("id")
-        p.add_argument("--version", type=int, required=True)
+        p.add_argument("id", help="the task's id")
+        p.add_argument("--version", type=int, required=True, help="the task's version, as acquired")
         p.add_argument("--action", required=True, help='JSON: {"kind": …, "data": {…}}')
     p = _command(ts, "suspend", task_suspend, common, "suspend until awaited promises settle")
-    p.add_argument("id")
-    p.add_argument("--version", type=int, required=True)
+    p.add_argument("id", help="the task's id")
+    p.add_argument("--version", type=int, required=True, help="the task's version, as acquired")
     p.add_argument("--actions", required=True, help="JSON array of register_callback actions")
     p = _command(ts, "heartbeat", task_heartbeat, common, "extend a process's leases")
-    p.add_argument("--pid", required=True)
+    p.add_argument("--pid", required=True, help="the process that holds the task")
     p.add_argument("--tasks", required=True, help='JSON array: [{"id": …, "version": …}]')
     p = _command(
         ts,
@@ -347,58 +433,105 @@ def add_client_commands(sub: Any) -> None:
         common,
         "give an acquired task back",
     )
-    p.add_argument("id")
-    p.add_argument("--version", type=int, required=True)
+    p.add_argument("id", help="the task's id")
+    p.add_argument("--version", type=int, required=True, help="the task's version, as acquired")
     for name in ("halt", "continue"):
-        p = _command(ts, name, _by_id(f"task.{name}"), common, f"{name} a task")
-        p.add_argument("id")
-    p = _command(ts, "search", task_search, common, "search by state")
-    p.add_argument("--state")
-    p.add_argument("--limit", type=int, default=100)
-    p.add_argument("--cursor")
+        what = "stop a task from running" if name == "halt" else "let a halted task run again"
+        p = _command(ts, name, _by_id(f"task.{name}"), common, what)
+        p.add_argument("id", help="the task's id")
+    p = _command(ts, "search", task_search, common, "list tasks by state")
+    p.add_argument("--state", help="pending, acquired, suspended, halted or fulfilled")
+    p.add_argument("--limit", type=int, default=100, help="most shown (%(default)s)")
+    p.add_argument("--cursor", help="where the previous page ended")
 
-    g = sub.add_parser("schedules", aliases=["schedule"], help="get, create, delete schedules")
-    ss = g.add_subparsers(dest="action", required=True)
+    ss = _group(
+        sub, "schedules", "schedule", "get, create, delete and search schedules", SCHEDULES_EPILOG
+    )
     for name in ("get", "delete"):
-        p = _command(ss, name, _by_id(f"schedule.{name}"), common, f"{name} a schedule")
-        p.add_argument("id")
+        what = "show one schedule" if name == "get" else "delete a schedule"
+        p = _command(ss, name, _by_id(f"schedule.{name}"), common, what)
+        p.add_argument("id", help="the schedule's id")
     p = _command(ss, "create", schedule_create, common, "create a schedule")
-    p.add_argument("id")
+    p.add_argument("id", help="the schedule's id")
     p.add_argument("--cron", required=True, help='cron expression, e.g. "*/5 * * * *"')
     p.add_argument("--promise-id", required=True, help="template, e.g. report.{{.timestamp}}")
     p.add_argument("--promise-timeout", required=True, help="duration, e.g. 1h")
     _value_flags(p, "promise-param")
-    p.add_argument("--promise-tags")
-    p = _command(ss, "search", schedule_search, common, "search by tags")
-    p.add_argument("--tags")
-    p.add_argument("--limit", type=int, default=10)
-    p.add_argument("--cursor")
+    p.add_argument("--promise-tags", help='JSON object, e.g. \'{"k": "v"}\'')
+    p = _command(ss, "search", schedule_search, common, "list schedules by tags")
+    p.add_argument("--tags", help='JSON object, e.g. \'{"k": "v"}\'')
+    p.add_argument("--limit", type=int, default=10, help="most shown (%(default)s)")
+    p.add_argument("--cursor", help="where the previous page ended")
 
-    p = _command(sub, "invoke", invoke, common, "start a durable function on a worker group")
+    p = _command(
+        sub,
+        "invoke",
+        invoke,
+        common,
+        "start a function on a worker group, as an SDK does",
+        epilog=INVOKE_EPILOG,
+    )
     p.add_argument("func", help="the function's registered name")
     p.add_argument("--id", required=True, help="the call's promise id")
     p.add_argument("--arg", action="append", help="an argument (JSON, or a plain string)")
     p.add_argument("--json-args", help="all arguments as one JSON array")
-    p.add_argument("--version", dest="func_version", type=int, default=1)
-    p.add_argument("-t", "--timeout", default="1h", help="duration (default 1h)")
-    p.add_argument("--target", default="poll://any@default", help="worker group address")
+    p.add_argument(
+        "--version",
+        dest="func_version",
+        type=int,
+        default=1,
+        metavar="N",
+        help="the function's version (%(default)s)",
+    )
+    p.add_argument("-t", "--timeout", default="1h", help="how long the call may take (default: 1h)")
+    p.add_argument("--target", default="poll://any@default", help="the worker group (%(default)s)")
     p.add_argument("--delay", help="start after this duration, e.g. 5m")
 
     p = _command(
-        sub, "tree", _local("tree"), common, "a workflow's call graph, with states and tasks"
+        sub,
+        "tree",
+        _local("tree"),
+        common,
+        "show a workflow's call graph, with states and tasks",
+        epilog=TREE_EPILOG,
     )
     p.add_argument("id", help="the workflow's root promise id")
     p.add_argument("--all", action="store_true", help="unfold long runs of settled siblings")
 
-    p = _command(sub, "explain", _local("explain"), common, "why a workflow is not done")
+    p = _command(
+        sub,
+        "explain",
+        _local("explain"),
+        common,
+        "say why a workflow is not done",
+        epilog=EXPLAIN_EPILOG,
+    )
     p.add_argument("id", help="a promise id (a workflow's root, or any of its promises)")
-    _command(sub, "workers", _local("workers"), common, "connected workers by group and node")
-    p = _command(sub, "outbox", _outbox, common, "outbox rows (messages to deliver), newest first")
+    _command(
+        sub,
+        "workers",
+        _local("workers"),
+        common,
+        "list connected workers by group and node",
+        epilog=WORKERS_EPILOG,
+    )
+    p = _command(
+        sub,
+        "outbox",
+        _outbox,
+        common,
+        "list the messages to deliver, newest first",
+        epilog=OUTBOX_EPILOG,
+    )
     p.add_argument(
-        "--state", choices=["pending", "dispatching", "completed", "failed", "outcome_unknown"]
+        "--state",
+        choices=["pending", "dispatching", "completed", "failed", "outcome_unknown"],
+        metavar="STATE",
+        help="only the messages in this state: pending, dispatching, completed, failed"
+        " or outcome_unknown",
     )
     p.add_argument("--task", help="only the executes written for this task")
-    p.add_argument("--limit", type=int, default=50)
+    p.add_argument("--limit", type=int, default=50, help="most shown (%(default)s)")
     p.add_argument("--before", help="rows older than this id (the next page)")
 
 

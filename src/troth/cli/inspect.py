@@ -12,6 +12,7 @@ from typing import Any
 from troth.cli.remote import Remote
 from troth.cli.render import Renderer, table
 from troth.ops.times import instant, relative
+from troth.plural import counted
 
 
 def show_explain(remote: Remote, id: str, r: Renderer) -> None:
@@ -25,8 +26,7 @@ def show_explain(remote: Remote, id: str, r: Renderer) -> None:
         print("(done)", file=r.out)
     elif blockers:
         reasons = sorted({b["reason"] for b in blockers})
-        n = len(blockers)
-        print(f"({n} blocker{'s' if n != 1 else ''}: {', '.join(reasons)})", file=r.out)
+        print(f"({counted(len(blockers), 'blocker')}: {', '.join(reasons)})", file=r.out)
     if answer.get("cut"):
         print("(the workflow is larger than one explanation reads; some branches may be missing)")
 

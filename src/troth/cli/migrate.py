@@ -19,8 +19,18 @@ import argparse
 import sys
 from typing import Any
 
+from troth.cli.help import Formatter
 from troth.server.config import ConfigError, load
 from troth.store.upgrade import EXIT_SCHEMA
+
+MIGRATE_EPILOG = """\
+exit status: 0 done or up to date, 1 migrations due (check), 2 bad usage,
+4 a newer or unknown schema.
+
+examples:
+  troth migrate check --db troth.db
+  troth migrate plan --postgres-url postgresql://troth@db/troth --sql
+  troth migrate apply --postgres-url postgresql://troth@db/troth"""
 
 
 def add_migrate_command(sub: Any) -> None:
@@ -30,8 +40,14 @@ def add_migrate_command(sub: Any) -> None:
         help="check, plan or apply schema migrations as a step of their own",
         description="Check the database's schema against this troth, show the migrations "
         "it would run, or run them (see docs/operations.md, Upgrades).",
+        epilog=MIGRATE_EPILOG,
+        formatter_class=Formatter,
     )
-    p.add_argument("action", choices=["check", "plan", "apply"])
+    p.add_argument(
+        "action",
+        choices=["check", "plan", "apply"],
+        help="check: exit 1 if migrations are due; plan: list them; apply: run them",
+    )
     p.add_argument("--config", help="path of a troth.toml (default: ./troth.toml if present)")
     p.add_argument("--store", choices=["sqlite", "postgres"], help="storage backend")
     p.add_argument("--db", help="SQLite database file (default troth.db)")

@@ -14,9 +14,23 @@ import argparse
 import sys
 from typing import Any
 
+from troth.cli.help import Formatter
 from troth.server.config import ConfigError, load
 
 _SQLITE_PREFIX = "sqlite:"
+
+BACKUP_EPILOG = """\
+examples:
+  troth backup /backups/troth-2026-12-04.db
+  troth backup copy.db --db /var/lib/troth/troth.db --force
+
+exit codes: 0 copied and verified, 1 refused or failed, 2 bad usage."""
+
+MIGRATE_EPILOG = """\
+examples:
+  troth migrate-store --from sqlite:troth.db --to postgresql://troth@db/troth
+
+exit codes: 0 copied and verified, 1 refused or failed, 2 bad usage."""
 
 
 def _is_conninfo(text: str) -> bool:
@@ -35,10 +49,12 @@ def add_storage_commands(sub: Any) -> None:
     """Register ``backup`` and ``migrate-store`` on the CLI's subparsers."""
     backup = sub.add_parser(
         "backup",
-        help="consistent copy of the SQLite database while the server runs, verified",
+        help="copy a live SQLite database, verified",
         description="Copy the SQLite database (a consistent snapshot, while a server may "
         "be serving it), then open the copy and check it: integrity, schema version, "
         "row counts. Restore by stopping troth and putting the copy in place of the file.",
+        epilog=BACKUP_EPILOG,
+        formatter_class=Formatter,
     )
     backup.add_argument("path", metavar="PATH", help="file to write the copy to")
     backup.add_argument("--db", help="the SQLite database (default: the db setting, troth.db)")
@@ -46,9 +62,11 @@ def add_storage_commands(sub: Any) -> None:
     backup.add_argument("--force", action="store_true", help="replace PATH if it exists")
     move = sub.add_parser(
         "migrate-store",
-        help="copy a SQLite store into an empty PostgreSQL database, verified",
+        help="move a SQLite deployment to PostgreSQL, verified",
         description="Copy every row of a troth SQLite database (stop the server first) "
         "into an empty PostgreSQL database, in one transaction, then compare both row by row.",
+        epilog=MIGRATE_EPILOG,
+        formatter_class=Formatter,
     )
     move.add_argument(
         "--from", dest="source", required=True, metavar="sqlite:PATH", help="the SQLite file"

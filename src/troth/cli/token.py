@@ -19,7 +19,15 @@ import jwt
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 
+from troth.cli.help import Formatter
 from troth.durations import parse_duration
+
+TOKEN_EPILOG = """\
+examples:
+  troth token --keygen keys
+  troth token --key keys/troth-private.pem --role admin
+  troth token --key keys/troth-private.pem --prefix order- --group workers
+  export RESONATE_TOKEN=$(troth token --key keys/troth-private.pem --expires 7d)"""
 
 PRIVATE = "troth-private.pem"
 PUBLIC = "troth-public.pem"
@@ -28,11 +36,17 @@ PUBLIC = "troth-public.pem"
 def add_token_command(sub: Any) -> None:
     p = sub.add_parser(
         "token",
-        help="sign a JWT for a troth with auth on (docs/security.md), or --keygen a key pair",
+        help="make a key pair, or sign a token for a server with auth on",
+        description="Sign a token (a JWT) for a troth server with auth on, for development"
+        " and scripts: the token goes to stdout and nowhere else. With --keygen, make the"
+        " key pair instead: the server is given the public key (auth_publickey), whoever"
+        " signs tokens keeps the private one.",
+        epilog=TOKEN_EPILOG,
+        formatter_class=Formatter,
     )
     p.add_argument("--key", help="private key PEM that signs, or 'none' for an unsigned token")
     p.add_argument("--prefix", help='ids the token may name ("" = all)')
-    p.add_argument("--role", help="admin: everything")
+    p.add_argument("--role", help="admin: a token that may do everything")
     p.add_argument(
         "--group",
         dest="groups",
@@ -50,7 +64,10 @@ def add_token_command(sub: Any) -> None:
         help=f"write a new key pair to DIR/{PRIVATE} (mode 600) and DIR/{PUBLIC}",
     )
     p.add_argument(
-        "--type", choices=["ed25519", "ec", "rsa"], default="ed25519", help="--keygen key type"
+        "--type",
+        choices=["ed25519", "ec", "rsa"],
+        default="ed25519",
+        help="key type of --keygen (ed25519)",
     )
 
 

@@ -17,6 +17,7 @@ from troth.cli.remote import Remote, RemoteError
 from troth.cli.render import Renderer, paint
 from troth.ops.explain import function_in
 from troth.ops.times import relative
+from troth.plural import counted
 from troth.protocol.records import TAG_ORIGIN, TAG_PARENT, TAG_TARGET
 
 #: Settled siblings in a row beyond which the middle ones fold into one line.
@@ -163,4 +164,4 @@ def show_tree(remote: Remote, root: str, r: Renderer, *, unfold: bool) -> None:
     draw(tree, r, r.out, unfold=unfold)
     totals = count(tree)
     summary = ", ".join(f"{n} {s}" for s, n in sorted(totals.items()))
-    print(f"({sum(totals.values())} promises: {summary})", file=r.out)
+    print(f"({counted(sum(totals.values()), 'promise')}: {summary})", file=r.out)

@@ -24,6 +24,7 @@ from troth.ops.times import instant, relative, span
 from troth.ops.workers import ClusterView
 from troth.outbox import codes
 from troth.outbox.rows import OutboxRow, RowState
+from troth.plural import counted
 from troth.protocol.address import nats_subject, parse_poll
 from troth.protocol.records import (
     REJECTED,
@@ -313,11 +314,11 @@ class _Walker:
         latest = executes[0]
         head = f"task pending for {span(max(self.now - latest.created_at, 0))}"
         address = latest.address
-        plus = "+" if len(executes) == DELIVERIES_PER_TASK else ""
+        more = len(executes) == DELIVERIES_PER_TASK
         tries = sum(r.attempts + (r.state == RowState.COMPLETED) for r in executes)
         sent = (
-            f"{len(executes)}{plus} execute{'s' if len(executes) != 1 else ''} to `{address}`"
-            f" ({tries}{plus} send{'s' if tries != 1 else ''})"
+            f"{counted(len(executes), 'execute', at_least=more)} to `{address}`"
+            f" ({counted(tries, 'send', at_least=more)})"
         )
         finished = [
             r
@@ -378,9 +379,8 @@ class _Walker:
             f.reason = "no_worker"
             f.text = f"{head}; {sent}, {undelivered}: no {who} `{group}` ({ago}){retry}"
             return
-        n = len(workers)
         f.reason = "delivering"
-        f.text = f"{head}; {sent}; {n} worker{'s' if n != 1 else ''} of `{group}` connected"
+        f.text = f"{head}; {sent}; {counted(len(workers), 'worker')} of `{group}` connected"
         if latest.state == RowState.COMPLETED:
             f.text += f"; the last execute was delivered {relative(latest.updated_at, self.now)}"
             f.text += " and no worker acquired it"

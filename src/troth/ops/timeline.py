@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from troth.outbox.rows import OutboxRow
+from troth.plural import counted
 from troth.protocol.records import PENDING, Promise, Task, TaskState
 
 ACQUIRED: Final = TaskState.ACQUIRED.value
@@ -251,7 +252,7 @@ def _delivery_events(task: str, r: OutboxRow) -> list[Event]:
         )
         code = f"last code {r.last_code}" if r.last_code else ""
         # ``attempts`` counts the sends that did not arrive (a delivery counts none).
-        failed = f"{r.attempts} unsuccessful send{'s' if r.attempts != 1 else ''}"
+        failed = counted(r.attempts, "unsuccessful send")
         attempts = ", ".join(x for x in (failed if r.attempts else "", code) if x)
         out.append(
             Event(

@@ -20,6 +20,7 @@ import msgspec
 from troth import PROTOCOL_VERSION
 from troth.machine.core import request_ids
 from troth.machine.state import Response
+from troth.plural import counted
 from troth.protocol import requests as rq
 from troth.protocol.envelope import EnvelopeError, decode_envelope, encode_response
 from troth.protocol.limits import too_long
@@ -708,7 +709,8 @@ class App:
         try:
             n = await self.delivery.calls(lambda: life.expedite(keys))
         except Exception as exc:  # a courtesy: the rows come due by themselves anyway
-            log.warning("could not expedite %d tasks of group %s: %s", len(keys), group, exc)
+            tasks = counted(len(keys), "task")
+            log.warning("could not expedite %s of group %s: %s", tasks, group, exc)
             return
         if n:
             log.info("worker of group %s connected: %d backed-off tasks offered now", group, n)

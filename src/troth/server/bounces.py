@@ -1,4 +1,5 @@
-"""Tasks that keep bouncing, and the backoff of their next ``execute`` (issue 18).
+"""Tasks that keep bouncing, and the backoff of their next ``execute`` (docs/protocol.md,
+"Tasks that keep bouncing back off").
 
 A task *bounces* when a worker takes it and gives it back without progress: a
 ``task.release`` answered 200 (a worker that lacks the function, one that throws on

@@ -28,6 +28,7 @@ from troth.outbox.types import (
     Reconciled,
     Resend,
 )
+from troth.plural import counted
 from troth.protocol.records import Execute
 from troth.server.engine import Engine
 from troth.server.metrics import Metrics
@@ -188,7 +189,8 @@ class DeliveryLoop:
             try:
                 self.announce(unclaimed)
             except Exception as exc:  # peers still sweep every second
-                log.warning("could not wake other nodes for %d messages: %s", unclaimed, exc)
+                messages = counted(unclaimed, "message")
+                log.warning("could not wake other nodes for %s: %s", messages, exc)
 
     def _dispatch_claimed(self, rows: list[OutboxRow]) -> None:
         task = asyncio.create_task(self._send_claimed(rows))

@@ -32,6 +32,7 @@ from troth.machine.core import READ_ONLY, handle, lock_keys, read, settled_keys,
 from troth.machine.internal import Config
 from troth.machine.state import Response
 from troth.outbox.rows import OutboxRow
+from troth.plural import counted
 from troth.protocol import requests as rq
 from troth.server.clock import SLICE, ClockWatch
 from troth.server.health import StoreHealth
@@ -453,7 +454,7 @@ class Engine:
                     for w in works:
                         self._queue.put(w)
             except BaseException as exc:
-                log.exception("batch of %d reads failed", len(works))
+                log.exception("batch of %s failed", counted(len(works), "read"))
                 failed = [(w.done, Outcome[Any](error=exc)) for w in works]
                 works[0].loop.call_soon_threadsafe(_deliver, failed)
             else:

@@ -1,5 +1,6 @@
 """The retention loop: settled workflows older than ``retention`` are deleted in the
-background, a small batch at a time (issue 14; the rules are store/retention.py's).
+background, a small batch at a time (docs/operations.md, "Retention"; the rules are
+store/retention.py's).
 
 Each batch runs between request batches (on the writer thread, for one writer) or on
 a session of its own (PostgreSQL, where it never waits for a request's rows), then
@@ -22,6 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
 
+from troth.plural import counted
 from troth.server.engine import Engine
 from troth.server.metrics import Metrics
 from troth.server.waiting import cancel_and_wait
@@ -120,7 +122,8 @@ class RetentionLoop:
             m.inc("troth_retention_rows_deleted_total", n, table=table)
         m.inc("troth_retention_rows_deleted_total", swept.outbox, table="outbox")
         if swept.trees:
-            log.debug("retention deleted %d workflows (%d promises)", swept.trees, swept.promises)
+            trees, promises = counted(swept.trees, "workflow"), counted(swept.promises, "promise")
+            log.debug("retention deleted %s (%s)", trees, promises)
         if self.on_batch is not None:
             self.on_batch(swept, time.perf_counter() - began)
         return swept

@@ -34,7 +34,7 @@ from troth.server.health import WRITABLE, WRITE_ERRORS
 from troth.server.metrics import Metrics
 from troth.server.retention import Archive, RetentionLoop
 from troth.server.scrape import StoreGauges
-from troth.server.stopping import Server
+from troth.server.startup import EXIT_STORE, cannot_open_store
 from troth.store.base import Store
 from troth.store.faults import REASONS
 from troth.store.memory import MemoryStore
@@ -226,7 +226,8 @@ def configure_logging(settings: Settings) -> None:
 def serve(settings: Settings) -> int:
     """``troth serve``: one process, or with ``workers`` > 1 a supervisor of that many
     (``server/workers.py``).  A bad key or certificate is refused here, once, with one
-    clear line (exit 2), before any process serves."""
+    clear line (exit 2), before any process serves; the port is bound next, and only
+    then is the database checked and migrated (:func:`check_store`), once."""
     configure_logging(settings)
     try:
         auth = Authenticator.from_settings(
@@ -234,19 +235,31 @@ def serve(settings: Settings) -> int:
         )
         check_tls(settings)
         check_tracing(settings)
-        check_postgres(settings)
     except ConfigError as exc:
         print(f"troth: {exc}", file=sys.stderr)
         return 2
     announce_auth(settings, auth, logging.getLogger("troth"))
-    refused = prepare_schema(settings)
-    if refused is not None:
-        return refused
     if settings.workers > 1:
         from troth.server.workers import supervise
 
-        return supervise(settings)
-    return serve_on(settings, None)
+        return supervise(settings, lambda: check_store(settings))
+    return serve_on(settings, None, lambda: check_store(settings))
+
+
+def check_store(settings: Settings) -> int | None:
+    """What a start checks of its store once the port is bound: the database answers
+    and is what the settings say (exit 4 if it cannot be reached, 2 if the settings
+    contradict it, e.g. a transaction pooler), and its schema may be served (else
+    exit 4), migrated here.  None: go on."""
+    try:
+        unreachable = check_postgres(settings)
+    except ConfigError as exc:
+        print(f"troth: {exc}", file=sys.stderr)
+        return 2
+    if unreachable is not None:
+        print(f"troth: {unreachable}", file=sys.stderr)
+        return EXIT_STORE
+    return prepare_schema(settings)
 
 
 def prepare_schema(settings: Settings) -> int | None:
@@ -267,37 +280,83 @@ def prepare_schema(settings: Settings) -> int | None:
             node=settings.node_id or None,
         )
     except SchemaError as exc:
-        print(f"troth: {exc}", file=sys.stderr)
+        print(f"troth: {cannot_open_store(settings, exc)}", file=sys.stderr)
         return EXIT_SCHEMA
     return None
 
 
-def serve_on(settings: Settings, sock: socket.socket | None) -> int:
+def serve_on(
+    settings: Settings,
+    sock: socket.socket | None,
+    check: Callable[[], int | None] | None = None,
+) -> int:
     """One troth process, its settings checked by :func:`serve`: on ``sock`` (a
-    ``--workers`` child's) or binding ``host``/``port`` itself."""
+    ``--workers`` child's) or on ``host``/``port``, bound here before ``check`` (the
+    store's checks, :func:`check_store`; an exit status stops the start) and before
+    the store is opened.  Each way the start can fail is one line on stderr and an exit code of
+    its own (``server/startup.py``); the "listening" line comes once the server
+    accepts connections, never before."""
     # The writer thread releases the GIL around every SQLite call; with the default
     # 5 ms switch interval, taking it back waits behind the event loop and each group
     # commit stalls for milliseconds.  A short interval keeps the hand-offs short.
     sys.setswitchinterval(SWITCH_INTERVAL)
-    log = logging.getLogger("troth")
-    app = build_app(settings)
-    tune_gc()
-    log.info(
-        "troth listening on %s://%s:%d (store=%s%s, debug=%s, version=%s, schema=%d)",
-        "https" if settings.tls_cert else "http",
-        settings.host,
-        settings.port,
-        settings.store,
-        f" db={settings.db} synchronous={settings.synchronous}"
-        if settings.store == "sqlite"
-        else "",
-        settings.debug,
-        __version__,
-        schema_version(),
+    from troth.server.announcing import AnnouncingServer
+    from troth.server.startup import (
+        EXIT_FAILED,
+        EXIT_LISTEN,
+        EXIT_OK,
+        EXIT_STORE,
+        cannot_listen,
+        cannot_open_store,
+        listen,
+        store_errors,
+        where,
     )
-    server = Server(uvicorn_config(app, settings), app.closing)
-    server.run(sockets=None if sock is None else [sock])
-    return 0
+
+    log = logging.getLogger("troth")
+    try:
+        sockets = [sock] if sock is not None else listen(settings.host, settings.port)
+    except OSError as exc:
+        print(f"troth: {cannot_listen(settings.host, settings.port, exc)}", file=sys.stderr)
+        return EXIT_LISTEN
+    refused = None if check is None else check()
+    if refused is not None:
+        for s in sockets:
+            s.close()
+        return refused
+    try:
+        store = open_store(settings)
+    except store_errors() as exc:
+        for s in sockets:
+            s.close()
+        print(f"troth: {cannot_open_store(settings, exc)}", file=sys.stderr)
+        return EXIT_STORE
+    app = build_app(settings, store)
+    tune_gc()
+
+    def announce() -> None:
+        log.info(
+            "troth listening on %s://%s (store=%s%s, debug=%s, version=%s, schema=%d)",
+            "https" if settings.tls_cert else "http",
+            where(settings.host, settings.port),
+            settings.store,
+            f" db={settings.db} synchronous={settings.synchronous}"
+            if settings.store == "sqlite"
+            else "",
+            settings.debug,
+            __version__,
+            schema_version(),
+        )
+
+    server = AnnouncingServer(uvicorn_config(app, settings), app.closing, announce)
+    try:
+        server.run(sockets=sockets)
+    except SystemExit:
+        # uvicorn exits this way when the app's startup failed (logged above it).
+        if server.started:
+            raise
+        return EXIT_FAILED
+    return EXIT_OK
 
 
 def check_tracing(settings: Settings) -> None:
@@ -313,13 +372,15 @@ def check_tracing(settings: Settings) -> None:
         ) from None
 
 
-def check_postgres(settings: Settings) -> None:
-    """Connect once before serving (``store/postgres/probe.py``): a refused
-    certificate or password, or a pooler the settings do not expect, stops the
-    server with one clear line (exit 2) rather than failing its requests."""
+def check_postgres(settings: Settings) -> str | None:
+    """Connect once before serving (``store/postgres/probe.py``).  A pooler the
+    settings do not expect raises :class:`ConfigError` (exit 2: the settings must
+    change); a database that cannot be reached or refuses the connection is the
+    returned line (exit 4: the store cannot be opened), rather than failing requests
+    later."""
     if settings.store != "postgres":
-        return
-    from troth.store.postgres.probe import ProbeFailed, probe
+        return None
+    from troth.store.postgres.probe import ProbeFailed, Unreachable, probe
 
     try:
         probe(
@@ -327,8 +388,11 @@ def check_postgres(settings: Settings) -> None:
             pooled=settings.postgres_pool_mode == "transaction",
             listen_url=settings.postgres_listen_url,
         )
+    except Unreachable as exc:
+        return f"cannot open the PostgreSQL store ({exc.setting}): {exc.detail}"
     except ProbeFailed as exc:
         raise ConfigError(str(exc)) from None
+    return None
 
 
 def check_tls(settings: Settings) -> None:

@@ -21,7 +21,8 @@ nodes on one machine.  This module is their supervisor:
   child still running after the grace period is killed.
 
 Children are forked before the supervisor starts any thread or event loop: what
-they inherit is the settings.  The supervisor itself opens no store.  A child that
+they inherit is the settings.  The supervisor itself opens no store: it connects to
+the database once, to refuse a start that every child would fail, and hangs up.  A child that
 dies loses the connections the kernel had queued for it but it had not accepted
 (their clients see a reset and retry), as a single process that dies does.
 """
@@ -36,11 +37,17 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from multiprocessing.context import ForkProcess
 from types import FrameType
 
+from troth.plural import counted
 from troth.server.config import Settings
+from troth.server.startup import (
+    EXIT_LISTEN,
+    cannot_listen,
+)
 
 log = logging.getLogger("troth.workers")
 
@@ -147,7 +154,7 @@ class Supervisor:
 
     def _stop_all(self) -> int:
         """SIGTERM to every child, wait up to :data:`STOP_GRACE`, then SIGKILL."""
-        log.info("stopping %d workers", len(self.children))
+        log.info("stopping %s", counted(len(self.children), "worker"))
         for process in self.children.values():
             if process.is_alive() and process.pid is not None:
                 os.kill(process.pid, signal.SIGTERM)
@@ -189,8 +196,8 @@ def _child_main(settings: Settings, hold: int) -> None:
     try:
         sock = bind(settings, listen=True)
     except OSError as exc:
-        print(f"troth: cannot listen on {settings.host}:{settings.port}: {exc}", file=sys.stderr)
-        sys.exit(2)
+        print(f"troth: {cannot_listen(settings.host, settings.port, exc)}", file=sys.stderr)
+        sys.exit(EXIT_LISTEN)
     sys.exit(serve_on(settings, sock))
 
 
@@ -206,13 +213,20 @@ def _die_with_parent() -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-def supervise(settings: Settings) -> int:
-    """Bind, start ``settings.workers`` children, and supervise them until told to stop."""
+def supervise(settings: Settings, check: Callable[[], int | None]) -> int:
+    """Bind, check the store once (``check``: an exit status stops the start), start
+    ``settings.workers`` children, and supervise them until told to stop."""
     try:
         hold = bind(settings, listen=False)
     except OSError as exc:
-        print(f"troth: cannot listen on {settings.host}:{settings.port}: {exc}", file=sys.stderr)
-        return 2
+        print(f"troth: {cannot_listen(settings.host, settings.port, exc)}", file=sys.stderr)
+        return EXIT_LISTEN
+    # Once, before any child: each would fail the same way and be started again
+    # forever; and the schema is migrated by one process, not raced by several.
+    refused = check()
+    if refused is not None:
+        hold.close()
+        return refused
     log.info(
         "troth: %d workers on %s:%d (store=postgres)",
         settings.workers,

@@ -1,4 +1,5 @@
-"""Retention: deleting settled workflows, a whole tree at a time (issue 14).
+"""Retention: deleting settled workflows, a whole tree at a time (docs/operations.md,
+"Retention").
 
 A *workflow* (a tree) is a root promise — one without ``resonate:origin``, or whose
 origin is itself — and every promise whose origin names it, with their tasks and

@@ -23,9 +23,26 @@ from troth.cli.remote import DEFAULT_SERVER
 EXIT_MISSING = 2
 
 
+MCP_EPILOG = """\
+examples:
+  troth mcp                          MCP over stdio, to http://127.0.0.1:8001
+  troth mcp -S https://troth.example:8001 -T "$RESONATE_TOKEN"
+  troth mcp --http 8765              Streamable HTTP on 127.0.0.1:8765, /mcp"""
+
+
 def add_mcp_command(sub: Any) -> None:
+    from troth.cli.help import Formatter
+
     p: argparse.ArgumentParser = sub.add_parser(
-        "mcp", help="serve MCP tools for AI agents (docs/mcp.md)"
+        "mcp",
+        help="serve MCP tools for AI agents (docs/mcp.md)",
+        description="An MCP server for AI agents (Claude, Cursor, any MCP client): "
+        "tools that create, read, settle, search and wait on promises, start "
+        "durable functions, and explain workflows, on any server of the Resonate "
+        "protocol. It speaks MCP over stdio, or Streamable HTTP with --http. It needs "
+        "troth's mcp extra (pip install 'troth[mcp]').",
+        epilog=MCP_EPILOG,
+        formatter_class=Formatter,
     )
     p.add_argument(
         "-S",

@@ -22,6 +22,17 @@ class ProbeFailed(Exception):
     one line, without the URL (it may hold a password)."""
 
 
+class Unreachable(ProbeFailed):
+    """No connection could be made (nothing answers, a refused password or
+    certificate): the store cannot be opened, rather than the settings contradicting
+    what the database is; :attr:`setting` names the URL setting it came from."""
+
+    def __init__(self, setting: str, detail: str) -> None:
+        super().__init__(f"cannot use {setting}: {detail}")
+        self.setting = setting
+        self.detail = detail
+
+
 def one_line(exc: BaseException) -> str:
     """An error's message on one line (libpq's span several)."""
     return " ".join(str(exc).split())
@@ -67,7 +78,7 @@ def probe(url: str, *, pooled: bool, listen_url: str = "") -> None:
     try:
         session = keeps_session(url)
     except psycopg.Error as exc:
-        raise ProbeFailed(f"cannot use postgres_url: {one_line(exc)}") from None
+        raise Unreachable("postgres_url", one_line(exc)) from None
     if not session and not pooled:
         raise ProbeFailed(
             "postgres_url leads to a pooler in transaction mode (one connection's "
@@ -78,7 +89,7 @@ def probe(url: str, *, pooled: bool, listen_url: str = "") -> None:
         try:
             listening = keeps_session(listen_url)
         except psycopg.Error as exc:
-            raise ProbeFailed(f"cannot use postgres_listen_url: {one_line(exc)}") from None
+            raise Unreachable("postgres_listen_url", one_line(exc)) from None
         if not listening:
             raise ProbeFailed(
                 "postgres_listen_url leads to a pooler in transaction mode: LISTEN needs "
