@@ -30,6 +30,16 @@ request that produced it was served.  How:
   reconciliation settles or resends them — instead of waiting out the claim timeout.
   A node that was only slow re-registers with its next heartbeat; its late
   settlements are refused by the claim token, as for any reaped claim.
+* **No message is stranded.**  While no live node holds a stream — its node
+  presumed dead (cut off from the database, not crashed), or its worker between
+  two connections — a message for it is tried, found undeliverable and backed off
+  (``troth.poll.no_connection``), and fails once its attempts are exhausted.  So
+  whenever a node publishes a stream (a worker connects; a node presumed dead
+  rejoins and republishes every stream it still holds), the messages for exactly
+  that ``group/id`` which no node could deliver are offered again
+  (``connections_revive``): those backed off come due at once, those that failed
+  within :data:`REVIVE_WINDOW` seconds become pending again.  An ``unblock`` then
+  reaches its listener within moments of the heal, not when the SDK re-registers.
 """
 
 from __future__ import annotations
@@ -50,6 +60,7 @@ from troth.server.delivery import DeliveryLoop
 from troth.server.engine import Engine
 from troth.server.waiting import wait_event
 from troth.store.postgres import CHANNEL, PostgresStore, Routing
+from troth.store.postgres.timeouts import with_timeouts
 from troth.store.queries import load_queries
 from troth.transport.poll import Registry
 
@@ -59,6 +70,9 @@ AsyncConn = psycopg.AsyncConnection[tuple[Any, ...]]
 
 #: Seconds a starting node waits to be listening before it serves anyway.
 LISTEN_WAIT = 10.0
+#: How long ago (seconds) a message for a stream may have failed for want of a
+#: connection and still be offered again when a node publishes that stream.
+REVIVE_WINDOW = 3600.0
 
 #: Membership queries (``store/postgres/queries.sql``).
 _Q: Final = load_queries("troth.store.postgres")
@@ -191,6 +205,37 @@ class Cluster:
                 self._dirty.set()
                 raise
             self._published = held
+            if added:
+                await self._revive(conn, added)
+
+    async def _revive(self, conn: AsyncConn, added: set[tuple[str, str]]) -> None:
+        """Offer again what no node could deliver to the streams just published (see
+        the module's docstring); a failure is only logged (it is a courtesy: a
+        request's pending row of the same key may have got there first)."""
+        now = self.engine.clock()
+        params = {
+            "pairs": [f"{g}/{id}" for g, id in sorted(added)],
+            "now": now,
+            "since": now - round(REVIVE_WINDOW * 1000),
+            "no_connection": codes.NO_CONNECTION,
+            "exhausted": codes.ATTEMPTS_EXHAUSTED,
+        }
+        try:
+            cur = await conn.execute(_Q["connections_revive"], params)
+            found = await cur.fetchone()
+        except psycopg.Error as exc:
+            log.warning("could not offer again the messages for %d streams: %s", len(added), exc)
+            return
+        held_back, failed = (0, 0) if found is None else (int(found[0]), int(found[1]))
+        if held_back or failed:
+            log.info(
+                "streams published: %d messages no node could deliver offered again"
+                " (%d backed off, %d failed)",
+                held_back + failed,
+                held_back,
+                failed,
+            )
+            self.delivery.wake_here()
 
     async def connected(self) -> None:
         """A worker connected: publish before its stream starts (never fatal to the
@@ -337,8 +382,7 @@ class Cluster:
     # -- connections --------------------------------------------------------------------
 
     async def _connect(self) -> AsyncConn:
-        params = conninfo_to_dict(self.store.url)
-        params.setdefault("connect_timeout", 10)
+        params = with_timeouts(conninfo_to_dict(self.store.url))
         params["application_name"] = f"troth-cluster:{self.node}"[:63]
         conninfo = make_conninfo("", **params)
         return await psycopg.AsyncConnection.connect(conninfo, autocommit=True)

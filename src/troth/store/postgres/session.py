@@ -20,6 +20,7 @@ from psycopg.pq import Format, TransactionStatus
 from psycopg.types.numeric import IntLoader as NumericInts
 
 from troth.store.base import StoreUnavailable
+from troth.store.postgres.timeouts import server_timeouts, with_timeouts
 from troth.store.postgres.wire import BEGIN, TEXT_ARRAY_OID, WireCursor, text_array
 
 T = TypeVar("T")
@@ -172,8 +173,7 @@ class Session:
         self.cur: Cur = WireCursor(self.conn)
 
     def _connect(self) -> Conn:
-        params = conninfo_to_dict(self.url)
-        params.setdefault("connect_timeout", 10)
+        params = with_timeouts(conninfo_to_dict(self.url))  # timeouts.py
         params.setdefault("application_name", self.application_name)
         conn = psycopg.connect(make_conninfo("", **params), autocommit=False)
         try:
@@ -181,6 +181,8 @@ class Session:
             conn.adapters.register_loader("numeric", IntLoader)
             # A session setting (it outlives the transaction that SET it).
             conn.execute(f"SET lock_timeout = {round(self.lock_timeout * 1000)}")
+            if (server := server_timeouts(params)) is not None:
+                conn.execute(server)
             for setting in self.settings:
                 conn.execute(setting)
             conn.commit()
