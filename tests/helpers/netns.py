@@ -10,7 +10,8 @@ PostgreSQL cluster listening on the pair's host side, and an iptables DROP.
 * :func:`cut`: ``iptables -j DROP`` of the database port inside the namespace, both
   ways — packets vanish, nothing answers, nothing is reset — until the block ends.
 
-Everything is named ``trothcut<pid>…`` after the test process, and undone when the
+Everything is named after the test process (``trothcut<pid>``, links ``tcut<pid>h``
+and ``tcut<pid>n``), and undone when the
 block ends, even when the test failed; :func:`remove_leftovers` removes what a
 crashed run (a pid no longer alive) left behind.  It all needs root (namespaces,
 iptables, running PostgreSQL as ``postgres``): elsewhere the test is skipped with a
@@ -34,6 +35,7 @@ import pytest
 from helpers.support import free_port
 
 PREFIX = "trothcut"
+LINK = "tcut"
 HOW = (
     "run the tests as root on Linux with iproute2, iptables and PostgreSQL's initdb/pg_ctl"
     " (apt-get install iproute2 iptables postgresql), as CI does"
@@ -88,10 +90,11 @@ def remove_leftovers() -> list[str]:
         if (m := pattern.match(name)) and not _alive(int(m[1])):
             _run("ip", "netns", "del", name, check=False)
             removed.append(f"namespace {name}")
+    links = re.compile(rf"^{LINK}(\d+)[hn]$")
     for line in _run("ip", "-o", "link", "show", check=False).stdout.splitlines():
         fields = line.split(":")
         name = fields[1].strip().split("@")[0] if len(fields) > 1 else ""
-        if (m := pattern.match(name)) and not _alive(int(m[1])):
+        if (m := links.match(name)) and not _alive(int(m[1])):
             _run("ip", "link", "del", name, check=False)
             removed.append(f"link {name}")
     pg_ctl = _pg_bin("pg_ctl")
@@ -131,7 +134,8 @@ class Namespace:
 def veth_namespace() -> Iterator[Namespace]:
     """A namespace with loopback up and a veth pair to the host (a /30 of its own)."""
     pid = os.getpid()
-    name, host_if, ns_if = f"{PREFIX}{pid}", f"{PREFIX}{pid}h"[:15], f"{PREFIX}{pid}n"[:15]
+    # Interface names have at most 15 characters: the links' prefix is shorter.
+    name, host_if, ns_if = f"{PREFIX}{pid}", f"{LINK}{pid}h", f"{LINK}{pid}n"
     used = _run("ip", "-o", "addr", "show", check=False).stdout
     octet = next(
         (o for o in [pid % 200 + 20, *range(20, 250)] if f" 10.213.{o}." not in used), None
