@@ -109,3 +109,33 @@ def test_a_job_whose_batch_started_is_answered_unknown_and_may_still_commit(
             await engine.stop()
 
     asyncio.run(run())
+
+
+@pytest.mark.parametrize("kind", ["postgres", "sqlite"])
+def test_a_node_that_is_only_behind_says_so_and_its_store_stays_healthy(
+    kind: str, pg_url: str, tmp_path: Path
+) -> None:
+    """The writer keeps finishing work, just not this job's in time: the answer is
+    503 all the same, but it blames the backlog, and no episode begins."""
+
+    async def run() -> None:
+        store = PostgresStore(pg_url) if kind == "postgres" else SqliteStore(str(tmp_path / "t.db"))
+        engine = Engine(store, Config())
+        engine.deadline = DEADLINE
+        await engine.start()
+        try:
+            backlog = [
+                asyncio.ensure_future(engine.exclusive(lambda: time.sleep(0.1))) for _ in range(12)
+            ]
+            await asyncio.sleep(0.05)
+            create = rq.PromiseCreate(id=f"behind-{kind}", timeout_at=FAR)
+            with pytest.raises(StoreFault) as refused:
+                await engine.request(create, 0, HEAD)
+            assert "waited 0.4 s for the store (the node is behind)" in str(refused.value)
+            assert "the request was not run" in str(refused.value)
+            assert engine.health.fault is None
+            await asyncio.gather(*backlog)
+        finally:
+            await engine.stop()
+
+    asyncio.run(run())

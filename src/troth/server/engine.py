@@ -165,6 +165,11 @@ class Engine:
         #: Every job queued, oldest first, with when (``loop.time()``).
         self._waiting: collections.deque[tuple[float, _Work]] = collections.deque()
         self._watchdog: asyncio.Task[None] | None = None
+        #: When the writer last finished a batch (not refused by a fault of the store)
+        #: or exclusive work that did not fail (``time.monotonic``, the loop's clock;
+        #: written by whichever thread finished it): :meth:`_expire` tells a store
+        #: that does not answer from a node that is behind.
+        self._progress = time.monotonic()
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -511,36 +516,43 @@ class Engine:
             self._expire(loop.time())
 
     def _expire(self, now: float) -> None:
-        """Answer every job that waited :attr:`deadline` seconds for its outcome: 503,
-        as a fault of the store (an episode begins: ``/ready`` says so).  A job no
-        batch took yet is taken away and never runs; one whose batch is under way
-        may still commit, and its answer says so.  Its batch's outcome, when it
-        comes, finds it answered (:func:`_once`)."""
+        """Answer every job that waited :attr:`deadline` seconds for its outcome: 503.
+        A job no batch took yet is taken away and never runs; one whose batch is under
+        way may still commit, and its answer says so.  Its batch's outcome, when it
+        comes, finds it answered (:func:`_once`).
+
+        If the writer finished no batch meanwhile, the store is not answering: a
+        fault of the store, an episode begins (``/ready`` says so).  If it did, the
+        node is only behind (more requests than its store takes): the answers say
+        that, and the store's health is not in question."""
         waiting = self._waiting
         cutoff = now - self.deadline if self.deadline > 0 else -math.inf
+        silent = now - self._progress >= self.deadline
+        why = (
+            f"the database did not answer within {self.deadline:g} s"
+            if silent
+            else f"the request waited {self.deadline:g} s for the store (the node is behind)"
+        )
         fault: StoreFault | None = None
         while waiting and (waiting[0][1].answered or waiting[0][0] <= cutoff):
             _, work = waiting.popleft()
             if work.answered:
                 continue
             if self._unstarted.pop(id(work), None) is not None:
-                fault = StoreFault("unavailable", f"{self._silent()}; the request was not run")
+                fault = StoreFault("unavailable", f"{why}; the request was not run")
             else:
                 fault = StoreFault(
-                    "unavailable",
-                    f"{self._silent()}; whether the request took effect is unknown",
+                    "unavailable", f"{why}; whether the request took effect is unknown"
                 )
             work.done(Outcome(error=fault))
-        if fault is not None:
+        if fault is not None and silent:
             self.refused(fault)
-
-    def _silent(self) -> str:
-        return f"the database did not answer within {self.deadline:g} s"
 
     def _run_exclusive(self, work: _Work) -> None:
         assert work.exclusive is not None
         try:
             outcome = Outcome[Any](value=work.exclusive())
+            self._progress = time.monotonic()
         except BaseException as exc:
             outcome = Outcome(error=exc)
         answer = self._returned if self.store.loop_batches else _deliver
@@ -559,6 +571,7 @@ class Engine:
         """After a batch (committed or failed): count it, answer its requests, wake the
         timer for an earlier deadline, run :attr:`on_commit`; with ``returned``, give
         the connection back to the event loop (:meth:`_returned`)."""
+        progress = time.monotonic()
         self.stats.batches += 1
         self.stats.jobs += len(works)
         self.stats.largest_batch = max(self.stats.largest_batch, len(works))
@@ -571,8 +584,10 @@ class Engine:
                 if fault is not failed:
                     outcomes = [Outcome(error=fault) for _ in outcomes]
                 self.refused(fault)
+                progress = self._progress  # the store did not answer: no progress
         elif self.health.fault is not None and any(o.wrote for o in outcomes):
             self._writable()
+        self._progress = progress
         earliest = math.inf
         messages = 0
         for o in outcomes:
