@@ -379,9 +379,10 @@ class Engine:
             work = pending.popleft()
             if self._unstarted.pop(id(work), None) is not None:  # else answered: past
                 works.append(work)  # its deadline, it is not run
-        if not works:
-            self._kicked = True
-            asyncio.get_running_loop().call_soon(self._kick)
+        if not works:  # each was answered by its deadline: on to what follows them
+            if pending:
+                self._kicked = True
+                asyncio.get_running_loop().call_soon(self._kick)
             return
         jobs = [w.job for w in works if w.job is not None]
         store = self.store
