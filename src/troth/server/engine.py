@@ -62,8 +62,8 @@ SHARED_MAX_SLEEP = 5.0
 PROBE_INTERVAL = 1.0
 #: Seconds a job (a request, a timer pass) waits for its batch's outcome before it
 #: is answered without it (``Engine._expire``): a database that stopped answering
-#: must not hold requests longer (docs/operations.md, "A node cut off from its
-#: database").  Checked every :data:`DEADLINE_CHECK` seconds.
+#: must not hold requests longer (docs/operations.md, "When a node is cut off from
+#: its database").  Checked every :data:`DEADLINE_CHECK` seconds.
 DEADLINE = 5.0
 DEADLINE_CHECK = 0.25
 

@@ -18,8 +18,8 @@ ends that backend, and its locks, within seconds.
 
 Each option is added only where the connection string does not set it (an
 operator's choice wins); the server's are not set when the string passes
-``options`` of its own that name them.  docs/operations.md, "A node cut off from
-its database", says what each bounds.
+``options`` of its own that name them.  docs/operations.md, "When a node is cut off
+from its database", says what each bounds.
 """
 
 from __future__ import annotations
