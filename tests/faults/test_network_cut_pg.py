@@ -13,7 +13,9 @@ The test builds that for real (``helpers/netns.py``):
   workflows (``tests/sdk/recovery.py``: an rpc, a durable sleep, a fan-out of
   rpcs) on each node;
 * once the workflows are in their sleep, an iptables DROP of the database port
-  inside the namespace for :data:`CUT_S` seconds, then the rules removed.
+  inside the namespace for :data:`CUT_S` seconds, then the rules removed;
+* three sends of an outbox row before it fails (:data:`MAX_ATTEMPTS`), so that the
+  messages stranded by the cut do not only back off but fail.
 
 While cut, ``n1`` must answer every request within :data:`LIMIT_S` seconds — 503
 with ``Retry-After`` once the database has been silent for the engine's deadline —
@@ -64,6 +66,10 @@ WORK_S = 0.5
 #: Leases of workers and clients: a task whose holder could not report during the
 #: cut is offered again soon after.
 TTL_S = 5
+#: Sends of one outbox row before it fails: 3 (tried at 0, 1 and 5 s) rather than
+#: the default 5 (81 s), so that within the cut the stranded messages do not only
+#: back off but fail, as they did when this was first tried by hand.
+MAX_ATTEMPTS = "3"
 
 
 class CutNode(Node):
@@ -198,7 +204,7 @@ def test_a_node_cut_from_its_database_fails_fast_and_strands_nothing(
     n1 = CutNode(procs, "n1", pg.url(ns.host_ip, "troth"), ns)
     n2 = Node(procs, "n2", host_url)
     for node in (n1, n2):
-        node.start()
+        node.start("--max-attempts", MAX_ATTEMPTS)
     procs.wait_for("both nodes to answer GET /ready", lambda: n1.ready() and n2.ready(), 30)
     assert n1.call("promise.create", {"id": "probe-0", "timeoutAt": 10**13, "tags": {}})[0] == 200
 
@@ -283,6 +289,8 @@ def test_a_node_cut_from_its_database_fails_fast_and_strands_nothing(
         tracebacks = [x for x in proc_err(node).splitlines() if x.startswith("Traceback")]
         assert not tracebacks, f"{node.name} logged tracebacks"
     revived = [x for x in proc_err(n1).splitlines() if "offered again" in x]
+    assert revived, "n1 offered nothing again when it republished its streams"
+    assert not revived[0].endswith(" 0 failed)"), f"no message had failed: {revived}"
     print(
         f"{len(answers)} requests during the cut, {len(refused)} answered 503, slowest"
         f" {max(a.seconds for a in answers):.2f} s; /ready 503 after {first:.1f} s; ready"
