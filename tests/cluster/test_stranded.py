@@ -161,3 +161,22 @@ def test_a_failed_message_whose_key_has_a_newer_pending_row_stays_failed(
     with stream(b, "g", "w4"):
         time.sleep(1.0)
     assert [r[0] for r in rows(url, key)] == ["failed", "pending"]
+
+
+def test_a_send_settled_just_after_the_publish_is_offered_again_a_heartbeat_later(
+    nodes: tuple[RunningServer, RunningServer], url: str
+) -> None:
+    """A peer claimed a message for the stream before the stream was published and
+    settles it, backed off, just after the offer the publish made: the next
+    heartbeat half a second or more later offers it again."""
+    a, b = nodes
+    key = unreachable(a, url, "in-flight", "poll://uni@g/elsewhere")
+    with stream(b, "g", "w5") as w5:
+        # What the peer's late settlement leaves: a row for w5, backed off for long.
+        sql(
+            url,
+            "UPDATE outbox SET address = 'poll://uni@g/w5', dest_id = 'w5',"
+            " available_at = available_at + 600000 WHERE key = %s AND state = 'pending'",
+            key,
+        )
+        assert w5.next(timeout=3)["data"]["task"]["id"] == "in-flight"

@@ -38,7 +38,9 @@ request that produced it was served.  How:
   rejoins and republishes every stream it still holds), the messages for exactly
   that ``group/id`` which no node could deliver are offered again
   (``connections_revive``): those backed off come due at once, those that failed
-  within :data:`REVIVE_WINDOW` seconds become pending again.  An ``unblock`` then
+  within :data:`REVIVE_WINDOW` seconds become pending again — at once, and once
+  more at a heartbeat soon after (a peer's send under way at that moment settles
+  after it).  An ``unblock`` then
   reaches its listener within moments of the heal, not when the SDK re-registers.
 """
 
@@ -73,6 +75,8 @@ LISTEN_WAIT = 10.0
 #: How long ago (seconds) a message for a stream may have failed for want of a
 #: connection and still be offered again when a node publishes that stream.
 REVIVE_WINDOW = 3600.0
+#: Seconds after a publish before its streams are offered again once more.
+AGAIN_AFTER = 0.5
 
 #: Membership queries (``store/postgres/queries.sql``).
 _Q: Final = load_queries("troth.store.postgres")
@@ -109,6 +113,9 @@ class Cluster:
         self.heartbeat_every = node_timeout / 5
         self._reach: tuple[list[str], list[str]] = ([], [])
         self._published: set[tuple[str, str]] = set()
+        #: Streams published lately, and when (``loop.time()``): offered again once
+        #: more by the first heartbeat :data:`AGAIN_AFTER` seconds later.
+        self._again: dict[tuple[str, str], float] = {}
         self._write: AsyncConn | None = None
         self._lock = asyncio.Lock()
         self._dirty = asyncio.Event()
@@ -207,6 +214,8 @@ class Cluster:
             self._published = held
             if added:
                 await self._revive(conn, added)
+                now = asyncio.get_running_loop().time()
+                self._again.update((pair, now) for pair in added)
 
     async def _revive(self, conn: AsyncConn, added: set[tuple[str, str]]) -> None:
         """Offer again what no node could deliver to the streams just published (see
@@ -237,6 +246,21 @@ class Cluster:
             )
             self.delivery.wake_here()
 
+    async def _revive_again(self) -> None:
+        """Once more, at the first heartbeat :data:`AGAIN_AFTER` seconds after a
+        publish, for the streams still held: a peer's send to one of them that was
+        under way when it was published (the peer claimed the message before the
+        stream was in ``connections``) settles it as backed off just after the
+        first offer."""
+        async with self._lock:
+            cutoff = asyncio.get_running_loop().time() - AGAIN_AFTER
+            again = {pair for pair, at in self._again.items() if at <= cutoff}
+            for pair in again:
+                del self._again[pair]
+            again &= self._published
+            if again:
+                await self._revive(await self._writer(), again)
+
     async def connected(self) -> None:
         """A worker connected: publish before its stream starts (never fatal to the
         connection — the heartbeat publishes later if this fails)."""
@@ -254,6 +278,8 @@ class Cluster:
             ok = False
             try:
                 await self._beat()
+                if self._again:
+                    await self._revive_again()
                 if self._dirty.is_set():
                     await self.publish()
                 if loop.time() - last_reap >= self.heartbeat_every:
