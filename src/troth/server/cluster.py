@@ -32,6 +32,18 @@ request that produced it was served.  How:
   reconciliation settles or resends them — instead of waiting out the claim timeout.
   A node that was only slow re-registers with its next heartbeat; its late
   settlements are refused by the claim token, as for any reaped claim.
+* **No message is stranded.**  While no live node holds a stream — its node
+  presumed dead (cut off from the database, not crashed), or its worker between
+  two connections — a message for it is tried, found undeliverable and backed off
+  (``troth.poll.no_connection``), and fails once its attempts are exhausted.  So
+  whenever a node publishes a stream (a worker connects; a node presumed dead
+  rejoins and republishes every stream it still holds), the messages for exactly
+  that ``group/id`` which no node could deliver are offered again
+  (``connections_revive``): those backed off come due at once, those that failed
+  within :data:`REVIVE_WINDOW` seconds become pending again — at once, and once
+  more at a heartbeat soon after (a peer's send under way at that moment settles
+  after it).  An ``unblock`` then
+  reaches its listener within moments of the heal, not when the SDK re-registers.
 """
 
 from __future__ import annotations
@@ -55,6 +67,7 @@ from troth.server.waiting import wait_event
 from troth.store.migrate import load_migrations
 from troth.store.postgres import CHANNEL, PostgresStore, Routing
 from troth.store.postgres.migrate import PACKAGE
+from troth.store.postgres.timeouts import with_timeouts
 from troth.store.queries import load_queries
 from troth.transport.poll import Registry
 
@@ -64,6 +77,11 @@ AsyncConn = psycopg.AsyncConnection[tuple[Any, ...]]
 
 #: Seconds a starting node waits to be listening before it serves anyway.
 LISTEN_WAIT = 10.0
+#: How long ago (seconds) a message for a stream may have failed for want of a
+#: connection and still be offered again when a node publishes that stream.
+REVIVE_WINDOW = 3600.0
+#: Seconds after a publish before its streams are offered again once more.
+AGAIN_AFTER = 0.5
 
 #: Membership queries (``store/postgres/queries.sql``).
 _Q: Final = load_queries("troth.store.postgres")
@@ -104,6 +122,9 @@ class Cluster:
         self.heartbeat_every = node_timeout / 5
         self._reach: tuple[list[str], list[str]] = ([], [])
         self._published: set[tuple[str, str]] = set()
+        #: Streams published lately, and when (``loop.time()``): offered again once
+        #: more by the first heartbeat :data:`AGAIN_AFTER` seconds later.
+        self._again: dict[tuple[str, str], float] = {}
         self._write: AsyncConn | None = None
         self._lock = asyncio.Lock()
         self._dirty = asyncio.Event()
@@ -212,6 +233,54 @@ class Cluster:
                 self._dirty.set()
                 raise
             self._published = held
+            if added:
+                await self._revive(conn, added)
+                now = asyncio.get_running_loop().time()
+                self._again.update((pair, now) for pair in added)
+
+    async def _revive(self, conn: AsyncConn, added: set[tuple[str, str]]) -> None:
+        """Offer again what no node could deliver to the streams just published (see
+        the module's docstring); a failure is only logged (it is a courtesy: a
+        request's pending row of the same key may have got there first)."""
+        now = self.engine.clock()
+        params = {
+            "pairs": [f"{g}/{id}" for g, id in sorted(added)],
+            "now": now,
+            "since": now - round(REVIVE_WINDOW * 1000),
+            "no_connection": codes.NO_CONNECTION,
+            "exhausted": codes.ATTEMPTS_EXHAUSTED,
+        }
+        try:
+            cur = await conn.execute(_Q["connections_revive"], params)
+            found = await cur.fetchone()
+        except psycopg.Error as exc:
+            log.warning("could not offer again the messages for %d streams: %s", len(added), exc)
+            return
+        held_back, failed = (0, 0) if found is None else (int(found[0]), int(found[1]))
+        if held_back or failed:
+            log.info(
+                "streams published: %d messages no node could deliver offered again"
+                " (%d backed off, %d failed)",
+                held_back + failed,
+                held_back,
+                failed,
+            )
+            self.delivery.wake_here()
+
+    async def _revive_again(self) -> None:
+        """Once more, at the first heartbeat :data:`AGAIN_AFTER` seconds after a
+        publish, for the streams still held: a peer's send to one of them that was
+        under way when it was published (the peer claimed the message before the
+        stream was in ``connections``) settles it as backed off just after the
+        first offer."""
+        async with self._lock:
+            cutoff = asyncio.get_running_loop().time() - AGAIN_AFTER
+            again = {pair for pair, at in self._again.items() if at <= cutoff}
+            for pair in again:
+                del self._again[pair]
+            again &= self._published
+            if again:
+                await self._revive(await self._writer(), again)
 
     async def connected(self) -> None:
         """A worker connected: publish before its stream starts (never fatal to the
@@ -230,6 +299,8 @@ class Cluster:
             ok = False
             try:
                 await self._beat()
+                if self._again:
+                    await self._revive_again()
                 if self._dirty.is_set():
                     await self.publish()
                 if loop.time() - last_reap >= self.heartbeat_every:
@@ -364,8 +435,7 @@ class Cluster:
     # -- connections --------------------------------------------------------------------
 
     async def _connect(self, url: str = "", role: str = "troth-cluster") -> AsyncConn:
-        params = conninfo_to_dict(url or self.store.url)
-        params.setdefault("connect_timeout", 10)
+        params = with_timeouts(conninfo_to_dict(url or self.store.url))  # timeouts.py
         params["application_name"] = f"{role}:{self.node}"[:63]
         conninfo = make_conninfo("", **params)
         conn = await psycopg.AsyncConnection.connect(conninfo, autocommit=True)

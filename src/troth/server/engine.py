@@ -61,6 +61,12 @@ SHARED_RECHECK_MS = 50
 SHARED_MAX_SLEEP = 5.0
 #: Seconds between two probes of a store that refuses writes (``Engine.probe``).
 PROBE_INTERVAL = 1.0
+#: Seconds a job (a request, a timer pass) waits for its batch's outcome before it
+#: is answered without it (``Engine._expire``): a database that stopped answering
+#: must not hold requests longer (docs/operations.md, "When a node is cut off from
+#: its database").  Checked every :data:`DEADLINE_CHECK` seconds.
+DEADLINE = 5.0
+DEADLINE_CHECK = 0.25
 
 
 def wall_clock_ms() -> int:
@@ -74,6 +80,8 @@ class _Work:
     #: Called with the outcome, on the event loop (:func:`_deliver`).
     done: Done
     loop: asyncio.AbstractEventLoop
+    #: A job's outcome was given (on the event loop): by its batch or its deadline.
+    answered: bool = False
 
 
 #: What takes a job's outcome, on the event loop: a future's setter, or a request's
@@ -152,6 +160,19 @@ class Engine:
         #: Probes the store while it refuses writes (``_probing``); None otherwise.
         self._prober: asyncio.Task[None] | None = None
         self._tidying: asyncio.Future[None] | None = None
+        #: Seconds a job may wait for its outcome (:data:`DEADLINE`; 0: for ever).
+        self.deadline = DEADLINE
+        #: Jobs queued and not yet taken into a batch, by ``id``: whoever pops one
+        #: first — the thread that starts its batch, or :meth:`_expire` — owns it.
+        self._unstarted: dict[int, _Work] = {}
+        #: Every job queued, oldest first, with when (``loop.time()``).
+        self._waiting: collections.deque[tuple[float, _Work]] = collections.deque()
+        self._watchdog: asyncio.Task[None] | None = None
+        #: When the writer last finished a batch (not refused by a fault of the store)
+        #: or exclusive work that did not fail (``time.monotonic``, the loop's clock;
+        #: written by whichever thread finished it): :meth:`_expire` tells a store
+        #: that does not answer from a node that is behind.
+        self._progress = time.monotonic()
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -168,11 +189,14 @@ class Engine:
             for reader in self._readers:
                 reader.start()
         self._timer = asyncio.create_task(self._run_timer(), name="troth-timer")
+        self._watchdog = asyncio.create_task(self._watch(), name="troth-deadlines")
 
     async def stop(self) -> None:
         """Stop the timer, let the writer finish what was queued, close the store."""
         await cancel_and_wait(self._timer)
         self._timer = None
+        await cancel_and_wait(self._watchdog)
+        self._watchdog = None
         await cancel_and_wait(self._prober)
         self._prober = None
         while self._pending or self._lent:  # loop_batches: what was queued, committed
@@ -213,8 +237,13 @@ class Engine:
         done: Done,
         settles: tuple[str, ...] = (),
     ) -> None:
-        """Queue the job (on the event loop's thread); ``done`` gets its outcome."""
-        work = _Work(Job(fn, now, keys, settles), None, done, asyncio.get_running_loop())
+        """Queue the job (on the event loop's thread); ``done`` gets its outcome, from
+        its batch or, past :attr:`deadline`, from :meth:`_expire` (once)."""
+        loop = asyncio.get_running_loop()
+        work = _Work(Job(fn, now, keys, settles), None, done, loop)
+        work.done = functools.partial(_once, work, done)
+        self._unstarted[id(work)] = work
+        self._waiting.append((loop.time(), work))
         if read_only:
             self._reads.put(work)
         elif self.store.loop_batches:
@@ -350,7 +379,14 @@ class Engine:
             return
         works: list[_Work] = []
         while pending and len(works) < MAX_BATCH and pending[0].exclusive is None:
-            works.append(pending.popleft())
+            work = pending.popleft()
+            if self._unstarted.pop(id(work), None) is not None:  # else answered: past
+                works.append(work)  # its deadline, it is not run
+        if not works:  # each was answered by its deadline: on to what follows them
+            if pending:
+                self._kicked = True
+                asyncio.get_running_loop().call_soon(self._kick)
+            return
         jobs = [w.job for w in works if w.job is not None]
         store = self.store
         store.lock.acquire()
@@ -419,6 +455,7 @@ class Engine:
             works = [first]
             while True:
                 exclusive, stop = _drain(self._queue, works)
+                works = self._start(works)
                 if works:
                     self._run_batch(works)
                     works = []
@@ -443,11 +480,18 @@ class Engine:
                 return
             works = [first]
             _, stop = _drain(self._reads, works)
+            works = self._start(works)
             jobs = [w.job for w in works if w.job is not None]
+            if not jobs:
+                if stop:
+                    return
+                continue
             try:
                 outcomes = self.store.read_many(jobs)
             except StoreUnavailable as exc:
                 log.debug("reads go through the writer: %s", exc)
+                for w in works:  # not started after all: the writer starts them
+                    self._unstarted[id(w)] = w
                 if self.store.loop_batches:
                     works[0].loop.call_soon_threadsafe(self._resubmit, works)
                 else:
@@ -463,10 +507,56 @@ class Engine:
             if stop:
                 return
 
+    def _start(self, works: list[_Work]) -> list[_Work]:
+        """Of the jobs about to run (any thread), those not answered by their deadline
+        meanwhile; each is no longer :meth:`_expire`'s to answer as not run."""
+        unstarted = self._unstarted
+        return [w for w in works if unstarted.pop(id(w), None) is not None]
+
+    async def _watch(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(DEADLINE_CHECK)
+            self._expire(loop.time())
+
+    def _expire(self, now: float) -> None:
+        """Answer every job that waited :attr:`deadline` seconds for its outcome: 503.
+        A job no batch took yet is taken away and never runs; one whose batch is under
+        way may still commit, and its answer says so.  Its batch's outcome, when it
+        comes, finds it answered (:func:`_once`).
+
+        If the writer finished no batch meanwhile, the store is not answering: a
+        fault of the store, an episode begins (``/ready`` says so).  If it did, the
+        node is only behind (more requests than its store takes): the answers say
+        that, and the store's health is not in question."""
+        waiting = self._waiting
+        cutoff = now - self.deadline if self.deadline > 0 else -math.inf
+        silent = now - self._progress >= self.deadline
+        why = (
+            f"the database did not answer within {self.deadline:g} s"
+            if silent
+            else f"the request waited {self.deadline:g} s for the store (the node is behind)"
+        )
+        fault: StoreFault | None = None
+        while waiting and (waiting[0][1].answered or waiting[0][0] <= cutoff):
+            _, work = waiting.popleft()
+            if work.answered:
+                continue
+            if self._unstarted.pop(id(work), None) is not None:
+                fault = StoreFault("unavailable", f"{why}; the request was not run")
+            else:
+                fault = StoreFault(
+                    "unavailable", f"{why}; whether the request took effect is unknown"
+                )
+            work.done(Outcome(error=fault))
+        if fault is not None and silent:
+            self.refused(fault)
+
     def _run_exclusive(self, work: _Work) -> None:
         assert work.exclusive is not None
         try:
             outcome = Outcome[Any](value=work.exclusive())
+            self._progress = time.monotonic()
         except BaseException as exc:
             outcome = Outcome(error=exc)
         answer = self._returned if self.store.loop_batches else _deliver
@@ -485,6 +575,7 @@ class Engine:
         """After a batch (committed or failed): count it, answer its requests, wake the
         timer for an earlier deadline, run :attr:`on_commit`; with ``returned``, give
         the connection back to the event loop (:meth:`_returned`)."""
+        progress = time.monotonic()
         self.stats.batches += 1
         self.stats.jobs += len(works)
         self.stats.largest_batch = max(self.stats.largest_batch, len(works))
@@ -497,11 +588,13 @@ class Engine:
                 if fault is not failed:
                     outcomes = [Outcome(error=fault) for _ in outcomes]
                 self.refused(fault)
+                progress = self._progress  # the store did not answer: no progress
         else:
             health = self.health
             health.last_write = health.clock()  # /ready needs no probe of a busy store
             if health.fault is not None and any(o.wrote for o in outcomes):
                 self._writable()
+        self._progress = progress
         earliest = math.inf
         messages = 0
         for o in outcomes:
@@ -728,6 +821,13 @@ def _deliver(results: list[tuple[Done, Outcome[Any]]]) -> None:
             done(outcome)
         except Exception:  # one request's callback must not keep the others unanswered
             log.exception("answering a job's outcome failed")
+
+
+def _once(work: _Work, done: Done, outcome: Outcome[Any]) -> None:
+    """``done`` with the first outcome of ``work`` (its batch's, or its deadline's)."""
+    if not work.answered:
+        work.answered = True
+        done(outcome)
 
 
 def _resolve(fut: asyncio.Future[Outcome[Any]], outcome: Outcome[Any]) -> None:

@@ -29,7 +29,7 @@ from troth.server.cluster import default_node_id
 from troth.server.config import ConfigError, Settings, push_token_map
 from troth.server.delivery import DeliveryLoop
 from troth.server.direct import http_protocol
-from troth.server.engine import Commit, Engine
+from troth.server.engine import DEADLINE, Commit, Engine
 from troth.server.health import WRITABLE, WRITE_ERRORS
 from troth.server.metrics import Metrics
 from troth.server.retention import Archive, RetentionLoop
@@ -72,6 +72,10 @@ def build_app(settings: Settings, store: Store | None = None) -> App:
     metrics = Metrics()
     store = store or open_store(settings)
     engine = Engine(store, Config(retry_timeout=settings.retry_timeout))
+    if settings.store == "postgres":
+        # A request waits out postgres_outage_wait (a failover) inside its batch; its
+        # deadline leaves that wait a second to end in a commit or a 503 of its own.
+        engine.deadline = max(DEADLINE, settings.postgres_outage_wait + 1.0)
     registry = Registry(max_total=settings.max_sse, max_per_group=settings.max_sse_per_group)
     node = settings.node_id or default_node_id()
     metrics.gauge("troth_sse_connections", lambda: float(registry.count()))

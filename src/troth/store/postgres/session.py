@@ -20,6 +20,7 @@ from psycopg.pq import Format, TransactionStatus
 from psycopg.types.numeric import IntLoader as NumericInts
 
 from troth.store.base import StoreUnavailable
+from troth.store.postgres.timeouts import server_timeouts, with_timeouts
 from troth.store.postgres.wire import TEXT_ARRAY_OID, WireCursor, text_array
 
 T = TypeVar("T")
@@ -190,8 +191,7 @@ class Session:
         return WireCursor(self.conn, prepare=False, after_begin=local)
 
     def _connect(self) -> Conn:
-        params = conninfo_to_dict(self.url)
-        params.setdefault("connect_timeout", 10)
+        params = with_timeouts(conninfo_to_dict(self.url))  # timeouts.py
         params.setdefault("application_name", self.application_name)
         conn = psycopg.connect(make_conninfo("", **params), autocommit=False)
         try:
@@ -199,9 +199,13 @@ class Session:
             conn.adapters.register_loader("numeric", IntLoader)
             conn.prepare_threshold = None  # psycopg's own prepared statements: none
             if not self.pooled:
-                # Session settings (they outlive the transaction that SET them).
+                # Session settings (they outlive the transaction that SET them), and
+                # the server's end of the connection bounded as the client's is
+                # (timeouts.py; behind a pooler its own keepalives do that).
                 for setting in self._all_settings():
                     conn.execute(f"SET {setting}")
+                if (server := server_timeouts(params)) is not None:
+                    conn.execute(server)
                 conn.commit()
         except BaseException:
             conn.close()
