@@ -37,6 +37,8 @@ BUCKETS = (
 #: (server/delivery.py).
 DISPATCH_OUTCOMES = ("completed", "retried", "failed", "unknown", "unsettled")
 RECONCILE_VERDICTS = ("completed", "failed", "resent", "unresolved")
+#: ``troth_store_write_errors_total``'s reasons.
+STORE_WRITE_ERRORS = ("disk_full", "read_only", "unavailable")
 
 HELP = {
     "troth_requests_total": ("counter", "Protocol requests answered, by kind and status."),
@@ -124,6 +126,9 @@ START_AT_ZERO: tuple[tuple[str, Labels], ...] = (
     ("troth_task_backoffs_total", ()),
     ("troth_commit_batches_total", ()),
     ("troth_commit_jobs_total", ()),
+    # Counted by the store's health check; at 0 from the start so that the storage
+    # alerts see the first failed write.
+    *(("troth_store_write_errors_total", (("reason", r),)) for r in STORE_WRITE_ERRORS),
 )
 
 
