@@ -17,7 +17,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psycopg
@@ -40,10 +40,50 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class _Daemon:
+    """The pgbouncer process of a :class:`Bouncer`: started, killed, started again
+    with the same configuration (so on the same port)."""
+
+    def __init__(self, argv: list[str], home: Path, probe: str) -> None:
+        self.argv, self.home, self.probe = argv, home, probe
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with (self.home / "pgbouncer.log").open("ab") as log:
+            self.proc = proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:
+            try:
+                with psycopg.connect(self.probe, connect_timeout=2, autocommit=True) as conn:
+                    conn.execute("SELECT 1")
+                return
+            except psycopg.OperationalError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"pgbouncer did not start: {(self.home / 'pgbouncer.log').read_text()[-2000:]}"
+                    ) from None
+                time.sleep(0.05)
+
+    def stop(self, *, kill: bool = False) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        if kill:
+            proc.kill()
+        else:
+            proc.terminate()
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
 @dataclass(frozen=True)
 class Bouncer:
     port: int
     pool_mode: str
+    daemon: _Daemon | None = field(default=None, compare=False, repr=False)
 
     def url(self, direct: str) -> str:
         """``direct`` (a database on the upstream server) reached through this pooler."""
@@ -51,11 +91,24 @@ class Bouncer:
         params.update(host="127.0.0.1", port=str(self.port))
         return make_conninfo("", **params)
 
+    def kill(self) -> None:
+        """SIGKILL the pooler: its clients' connections are cut, new ones refused."""
+        assert self.daemon is not None
+        self.daemon.stop(kill=True)
+
+    def restart(self) -> None:
+        """Start the pooler again, on the same port; returns once it answers."""
+        assert self.daemon is not None
+        self.daemon.start()
+
 
 @contextmanager
-def pgbouncer(pool_mode: str = "transaction", *, pool_size: int = 20) -> Iterator[Bouncer]:
-    """PgBouncer in ``pool_mode`` on a free port, for the ``with`` block."""
-    upstream = conninfo_to_dict(ADMIN_URL)
+def pgbouncer(
+    pool_mode: str = "transaction", *, pool_size: int = 20, upstream_url: str = ADMIN_URL
+) -> Iterator[Bouncer]:
+    """PgBouncer in ``pool_mode`` on a free port, in front of the server of
+    ``upstream_url`` (the tests' own by default), for the ``with`` block."""
+    upstream = conninfo_to_dict(upstream_url)
     user = str(upstream.get("user") or "postgres")
     port = free_port()
     home = Path(tempfile.mkdtemp(prefix="troth-pgbouncer-"))
@@ -73,30 +126,11 @@ def pgbouncer(pool_mode: str = "transaction", *, pool_size: int = 20) -> Iterato
     for f in home.iterdir():
         f.chmod(0o644)
     argv = [PGBOUNCER, *(["-u", user] if os.geteuid() == 0 else []), str(home / "pgbouncer.ini")]
-    log = (home / "pgbouncer.log").open("wb")
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    bouncer = Bouncer(port, pool_mode)
+    daemon = _Daemon(argv, home, bouncer.url(upstream_url))
     try:
-        bouncer = Bouncer(port, pool_mode)
-        probe = bouncer.url(ADMIN_URL)
-        deadline = time.monotonic() + START_TIMEOUT
-        while True:
-            try:
-                with psycopg.connect(probe, connect_timeout=2, autocommit=True) as conn:
-                    conn.execute("SELECT 1")
-                break
-            except psycopg.OperationalError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(
-                        f"pgbouncer did not start: {(home / 'pgbouncer.log').read_text()[-2000:]}"
-                    ) from None
-                time.sleep(0.05)
-        yield bouncer
+        daemon.start()
+        yield Bouncer(port, pool_mode, daemon)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-        log.close()
+        daemon.stop()
         shutil.rmtree(home, ignore_errors=True)
