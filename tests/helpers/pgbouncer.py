@@ -4,7 +4,9 @@ The system package's ``/usr/sbin/pgbouncer`` (``apt-get install pgbouncer``; the
 tests that need it skip, saying so, when it is absent), configured in a throwaway
 directory: every database of the upstream server, ``auth_type = trust`` with a
 userlist of the one user the tests connect as, the pool mode the test asks for.
-Stopped and its directory removed when the ``with`` block ends, failed or not.
+A test may kill it and start it again on the same port (:meth:`Bouncer.kill`,
+:meth:`Bouncer.restart`).  Stopped and its directory removed when the ``with``
+block ends, failed or not.
 """
 
 from __future__ import annotations
