@@ -44,7 +44,7 @@ import psycopg
 from troth.bench.measure import proc_cpu
 from troth.bench.pg import backend_pids, dbname_of, throwaway
 from troth.bench.procs import ServerProcess, clean_env
-from troth.bench.sdk_steps import PROGRAMS, PY_SDK, cache_dirs
+from troth.bench.sdk_steps import PROGRAMS, PY_SDK, cache_dirs, scrape
 
 PG_CONNECTOR = "resonate-pg==0.8.0"
 PEER = "resonate-pg"
@@ -121,6 +121,9 @@ class Phase:
     cores: dict[str, float] = field(default_factory=dict)
     steps: int = 0
     round: int = 1
+    #: troth's own ``troth_request_seconds`` over the phase: requests, and seconds.
+    requests: int = 0
+    request_seconds: float | None = None
 
     @property
     def rate(self) -> float:
@@ -136,6 +139,20 @@ class Phase:
         if "server" not in self.cores or not self.workflows:
             return None
         return self.cores["server"] * self.seconds * 1000 / (self.workflows * self.steps)
+
+    @property
+    def requests_per_step(self) -> float | None:
+        if self.request_seconds is None or not self.workflows:
+            return None
+        return self.requests / (self.workflows * self.steps)
+
+    @property
+    def server_ms_per_request(self) -> float | None:
+        """Mean time troth took to answer a request, as its metrics time it (from the
+        request read to the response handed to the socket)."""
+        if self.request_seconds is None or not self.requests:
+            return None
+        return self.request_seconds * 1000 / self.requests
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -153,6 +170,8 @@ class Phase:
             "workflow_p50_ms": self.quantile(self.walls, 0.5),
             "cores": self.cores,
             "server_cpu_ms_per_step": self.server_ms_per_step,
+            "requests_per_step": self.requests_per_step,
+            "server_ms_per_request": self.server_ms_per_request,
         }
 
 
@@ -288,6 +307,7 @@ class Target:
     address: str  # an http:// URL, or pg:<conninfo>
     server_pids: list[int]
     db: Callable[[], list[int]] | None
+    port: int | None = None  # troth's, for its /metrics
 
 
 async def run_target(
@@ -321,6 +341,7 @@ async def run_target(
             if target.server_pids:
                 fixed["server"] = target.server_pids
             meter = CpuMeter(fixed, target.db)
+            before = await scrape(target.port) if target.port else {}
             await meter.start()
             shares = [count // n + (1 if k < count % n else 0) for k in range(n)]
             t0 = time.perf_counter()
@@ -333,6 +354,7 @@ async def run_target(
             )
             seconds = max(a["ended"] for a in answers) - min(a["began"] for a in answers)
             cores = await meter.stop(max(seconds, time.perf_counter() - t0))
+            after = await scrape(target.port) if target.port else {}
             walls = [w for a in answers for w in a["walls"]]
             if len(walls) != count:
                 raise RuntimeError(f"{target.name}: {count} workflows asked, {len(walls)} done")
@@ -349,6 +371,11 @@ async def run_target(
                 shape.steps,
                 rnd,
             )
+            if target.port:
+                phase.requests = sum(c - before.get(k, (0.0, 0))[1] for k, (_, c) in after.items())
+                phase.request_seconds = sum(
+                    s - before.get(k, (0.0, 0))[0] for k, (s, _) in after.items()
+                )
             phases.append(phase)
             say(phase_line(phase))
     finally:
@@ -377,7 +404,7 @@ def troth_target(store: str, pg_base: str, workdir: Path) -> Iterator[Callable[[
         async def start() -> Target:
             await server.start()
             db = db_of(pg_base, url) if url else None
-            return Target(f"troth {store}", server.url, [server.pid], db)
+            return Target(f"troth {store}", server.url, [server.pid], db, server.port)
 
         try:
             yield start
@@ -424,7 +451,7 @@ def header(shape: Shape) -> list[str]:
         f" {shape.single} workflows one at a time; batch = {shape.workflows} workflows,"
         f" {shape.inflight} in flight per SDK process",
         "  target          phase      procs   wf/s  step p50  step p99  wf p50 ms"
-        "   cores: server   sdk  postgres  server CPU ms/step",
+        "   cores: server   sdk  postgres  server CPU ms/step  req/step  troth ms/req",
     ]
 
 
@@ -438,7 +465,12 @@ def phase_line(p: Phase) -> str:
         f"  {p.quantile(p.gaps, 0.5):8.2f}  {p.quantile(p.gaps, 0.99):8.2f}"
         f"  {p.quantile(p.walls, 0.5):9.1f}   {core('server'):>13} {core('sdk')}"
         f"  {core('postgres'):>8}  {'-' if per_step is None else f'{per_step:.3f}':>18}"
+        f"  {_opt(p.requests_per_step, 8)}  {_opt(p.server_ms_per_request, 12, 3)}"
     )
+
+
+def _opt(value: float | None, width: int, digits: int = 2) -> str:
+    return f"{'-' if value is None else f'{value:.{digits}f}':>{width}}"
 
 
 def summary_lines(phases: list[Phase]) -> list[str]:
