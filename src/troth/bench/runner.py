@@ -29,6 +29,7 @@ from typing import Any, TextIO
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
+from troth.bench.ceiling import machine_ceiling
 from troth.bench.client import BenchFailure, Client
 from troth.bench.http import split_url
 from troth.bench.limits import http_limit, sqlite_limits
@@ -299,6 +300,8 @@ class Bench:
             )
         await self.quiet("the bare HTTP round trip")
         await http_limit(self.workdir, opts.clients, opts.limit_seconds, limits)
+        await self.quiet("the machine ceiling")
+        await self.machine_ceiling()
         self.say(*limits_lines(limits, opts.synchronous), "")
         try:
             if opts.workloads:
@@ -417,6 +420,19 @@ class Bench:
                 " ÷ steps; share = that ÷ the mean step",
             )
         self.say("")
+
+    async def machine_ceiling(self) -> None:
+        """nginx driven by wrk and by the generator (``troth.bench.ceiling``)."""
+        limits, opts = self.report.limits, self.opts
+        try:
+            found = await machine_ceiling(self.workdir, opts.clients, opts.limit_seconds)
+        except RuntimeError as exc:  # nginx or wrk misbehaved: the run goes on without
+            limits.nginx_skipped = str(exc)
+            return
+        limits.nginx_skipped = found.skipped
+        limits.nginx_wrk, limits.nginx_generator = found.wrk, found.generator
+        limits.nginx_cpu = found.nginx_cpu
+        limits.nginx_generator_cpu = found.generator_cpu.generator
 
     async def sdk_workflows(self) -> None:
         """The Python SDK's workflows under load, beside resonate-pg
