@@ -198,8 +198,9 @@ def add_bench_flags(p: argparse.ArgumentParser) -> None:
         "--peers",
         type=_peers,
         default=d.peers,
-        help=f"also measure these queues on the same PostgreSQL server: {','.join(PEERS)}"
-        " (needs: pip install 'troth[bench]')",
+        help=f"also measure these peers on the same PostgreSQL server: {','.join(PEERS)}"
+        " (pgqueuer needs: pip install 'troth[bench]'; resonate-pg runs with --workloads"
+        " sdk-workflows and needs --resonate-sql)",
     )
     p.add_argument("--peer-jobs", type=int, default=d.peer_jobs, help="batched peer jobs (20000)")
     p.add_argument("--peer-batch", type=int, default=d.peer_batch, help="peer batch size (100)")
