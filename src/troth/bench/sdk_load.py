@@ -40,9 +40,10 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 
 from troth.bench.measure import proc_cpu
-from troth.bench.pg import backend_pids, dbname_of, throwaway
+from troth.bench.pg import SHARED_BACKENDS, dbname_of, throwaway
 from troth.bench.procs import ServerProcess, clean_env
 from troth.bench.sdk_steps import PROGRAMS, PY_SDK, cache_dirs, scrape
 
@@ -245,12 +246,43 @@ class SdkProcess:
             return "(no log)"
 
 
+class DbBackends:
+    """PostgreSQL's processes working for one database — its backends, and the WAL
+    writer, checkpointer and background writer they share — looked up on one admin
+    connection held open (not one connection per look-up).  None of them when the
+    server is not local."""
+
+    def __init__(self, base: str, url: str) -> None:
+        self.base = base
+        self.name = dbname_of(url)
+        self.conn: psycopg.Connection[tuple[Any, ...]] | None = None
+        host = str(conninfo_to_dict(base).get("host") or "")
+        self.local = host in ("", "127.0.0.1", "localhost", "::1") or host.startswith("/")
+
+    def __call__(self) -> list[int]:
+        if not self.local:  # no /proc to read its processes in
+            return []
+        if self.conn is None or self.conn.closed:
+            self.conn = psycopg.connect(self.base, autocommit=True)
+        rows = self.conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE (datname = %s OR backend_type = ANY(%s))"
+            " AND pid <> pg_backend_pid()",
+            (self.name, list(SHARED_BACKENDS)),
+        ).fetchall()
+        return [int(r[0]) for r in rows]
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+
 class CpuMeter:
     """CPU seconds of groups of processes over a phase.  The database's backends are
-    looked up again while the phase runs (a connection pool opens backends as load
-    grows); each counts from the first time it was seen."""
+    looked up again every 0.2 s while the phase runs (a connection pool opens
+    backends as load grows); each counts from the first time it was seen."""
 
-    def __init__(self, fixed: dict[str, list[int]], db: Callable[[], list[int]] | None) -> None:
+    def __init__(self, fixed: dict[str, list[int]], db: DbBackends | None) -> None:
         self.fixed = fixed
         self.db = db
         self.first: dict[tuple[str, int], float] = {}
@@ -271,15 +303,9 @@ class CpuMeter:
             self._read("postgres", await asyncio.to_thread(self.db))
 
     async def _follow(self) -> None:
-        n = 0
         while True:
             await asyncio.sleep(0.2)
-            n += 1
-            if n % 5 == 0:
-                await self._scan()
-            else:
-                for group, pid in list(self.last):
-                    self._read(group, [pid])
+            await self._scan()
 
     async def start(self) -> None:
         await self._scan()
@@ -306,7 +332,7 @@ class Target:
     name: str
     address: str  # an http:// URL, or pg:<conninfo>
     server_pids: list[int]
-    db: Callable[[], list[int]] | None
+    db: DbBackends | None
     port: int | None = None  # troth's, for its /metrics
 
 
@@ -383,12 +409,6 @@ async def run_target(
     return phases
 
 
-def db_of(pg_base: str, url: str) -> Callable[[], list[int]]:
-    """PostgreSQL's processes working for database ``url``."""
-    name = dbname_of(url)
-    return lambda: backend_pids(pg_base, [name])
-
-
 @contextlib.contextmanager
 def troth_target(store: str, pg_base: str, workdir: Path) -> Iterator[Callable[[], Any]]:
     """A ``troth serve`` on ``store`` (SQLite ``synchronous=full``, or a throwaway
@@ -403,13 +423,19 @@ def troth_target(store: str, pg_base: str, workdir: Path) -> Iterator[Callable[[
 
         async def start() -> Target:
             await server.start()
-            db = db_of(pg_base, url) if url else None
-            return Target(f"troth {store}", server.url, [server.pid], db, server.port)
+            db = DbBackends(pg_base, url) if url else None
+            target = Target(f"troth {store}", server.url, [server.pid], db, server.port)
+            made.append(target)
+            return target
 
+        made: list[Target] = []
         try:
             yield start
         finally:
             server.stop()
+            for t in made:
+                if t.db is not None:
+                    t.db.close()
 
 
 async def sdk_workflows(
@@ -436,8 +462,12 @@ async def sdk_workflows(
                 assert resonate_sql is not None
                 with throwaway(pg_base, "troth_bench_rpg") as url:
                     await asyncio.to_thread(apply_sql, url, Path(resonate_sql))
-                    target = Target(PEER, f"pg:{url}", [], db_of(pg_base, url))
-                    phases += await run_target(target, python, shape, where, say, rnd)
+                    target = Target(PEER, f"pg:{url}", [], DbBackends(pg_base, url))
+                    try:
+                        phases += await run_target(target, python, shape, where, say, rnd)
+                    finally:
+                        assert target.db is not None
+                        target.db.close()
             else:
                 with troth_target(name.split()[1], pg_base, where) as start:
                     target = await start()
