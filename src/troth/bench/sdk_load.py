@@ -519,10 +519,19 @@ def summary_lines(phases: list[Phase]) -> list[str]:
         peer = by.get((PEER, kind, n))
         if kind == "single":
             mine = statistics.median(p.quantile(p.gaps, 0.5) for p in group)
-            out.append(
+            line = (
                 f"  {target}: a workflow alone, step p50 {mine:.2f} ms vs resonate-pg"
                 f" {peer_p50:.2f} ms ({mine / peer_p50:.2f}×)"
             )
+            per_req = [p.server_ms_per_request for p in group if p.server_ms_per_request]
+            per_step = [p.requests_per_step for p in group if p.requests_per_step]
+            if per_req and per_step:
+                reqs, each = statistics.median(per_step), statistics.median(per_req)
+                line += (
+                    f"; troth's own time {reqs * each:.2f} ms of it"
+                    f" ({reqs:.1f} requests × {each:.2f} ms)"
+                )
+            out.append(line)
         elif peer is not None:
             mine = statistics.median(p.rate for p in group)
             theirs = statistics.median(p.rate for p in peer)
