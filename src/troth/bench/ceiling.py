@@ -108,7 +108,17 @@ class Nginx:
         log = open(self.dir / "stderr.log", "ab")  # noqa: SIM115 - handed to the child
         try:
             self.proc = subprocess.Popen(
-                [self.binary, "-p", str(self.dir), "-c", str(self.dir / "nginx.conf")],
+                [
+                    self.binary,
+                    "-p",
+                    str(self.dir),
+                    "-c",
+                    str(self.dir / "nginx.conf"),
+                    # Its start-up log too (before the configuration is read): a user
+                    # who may not write the system's /var/log/nginx gets no alert.
+                    "-e",
+                    str(self.dir / "error.log"),
+                ],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
