@@ -140,3 +140,27 @@ def test_summary_compares_each_store_with_the_peer() -> None:
         "  troth postgres: a workflow alone, step p50 2.00 ms vs resonate-pg 4.00 ms (0.50×)",
         "  troth postgres: 1 SDK process(es), 40.0 workflows/s vs resonate-pg 10.0 (4.00×)",
     ]
+
+
+def test_an_answer_longer_than_asyncio_default_line_limit_is_read(tmp_path: Path) -> None:
+    """A big phase's answer (every step's gap) is one line of megabytes."""
+    import asyncio
+    import json
+
+    program = tmp_path / "long.py"
+    program.write_text(
+        "import json, sys\nsys.stdin.readline()\n"
+        "print(json.dumps({'gaps': [1.5] * 300_000}), flush=True)\n"
+    )
+    proc = sdk_load.SdkProcess(Path(sys.executable), "", 2, "g", tmp_path / "log")
+    proc.argv = [sys.executable, str(program)]
+
+    async def scenario() -> int:
+        await proc.start()
+        try:
+            return len((await proc.ask("batch 1 1"))["gaps"])
+        finally:
+            await proc.stop()
+
+    assert len(json.dumps([1.5] * 300_000)) > 2**16
+    assert asyncio.run(scenario()) == 300_000

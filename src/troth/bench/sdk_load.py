@@ -57,6 +57,8 @@ INSTALL = (
     " .sdk-cache/py-workflows/venv && .sdk-cache/py-workflows/venv/bin/pip install"
     f" {PY_SDK} {PG_CONNECTOR}`"
 )
+#: Longest line an SDK process may answer with (bytes): a phase's every step gap.
+LINE_LIMIT = 256 * 2**20
 #: Longest one phase may take before the bench gives up on it (s).
 PHASE_TIMEOUT = 900.0
 
@@ -203,6 +205,9 @@ class SdkProcess:
                 *self.argv,
                 env=env,
                 cwd=str(PROGRAMS),
+                # A phase's answer is one line holding every step's gap: far over
+                # asyncio's 64 KiB default line limit for a big phase.
+                limit=LINE_LIMIT,
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=err,
@@ -214,6 +219,8 @@ class SdkProcess:
             raw = await asyncio.wait_for(self.proc.stdout.readline(), timeout)
         except TimeoutError:
             raise RuntimeError(f"an SDK process gave no answer in {timeout:.0f} s") from None
+        except ValueError as exc:  # a line over LINE_LIMIT
+            raise RuntimeError(f"an SDK process's answer is too long: {exc}") from None
         if not raw:
             await self.proc.wait()
             raise RuntimeError(f"an SDK process exited with {self.proc.returncode}: {self.tail()}")
