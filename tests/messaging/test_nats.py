@@ -461,3 +461,65 @@ def test_any_node_may_claim_nats_rows_on_postgres() -> None:
 
     assert RowCodec.destination("nats://resonate.recv.workers.abc") == (None, None, None)
     assert RowCodec.destination("poll://any@workers/abc") == ("any", "workers", "abc")
+
+
+def test_concurrent_sends_share_flushes_and_each_learns_its_own_no_responders(
+    broker: NatsServer,
+) -> None:
+    """60 sends at once, every other one to a subject nobody subscribes to: each
+    subscribed send is Completed and received once, each other one is Retryable with
+    "no responders"; they share one reply subscription and far fewer flushes than
+    sends (a flush begun after a publish covers every publish made before it)."""
+    from troth.outbox.rows import OutboxRow
+    from troth.outbox.types import Completed, Retryable
+    from troth.protocol.records import Execute, OutboxEntry
+    from troth.transport.nats import NatsLink, NatsSender
+
+    async def scenario() -> None:
+        link = NatsLink(broker.url)
+        link.start()
+        await asyncio.wait_for(link.ready.wait(), 10)
+        worker = await nats.connect(broker.url)
+        got = await worker.subscribe("batched.here")
+        await worker.flush()
+        flushes = 0
+        real_flush = link.client.flush
+
+        async def counted(timeout: int = 10) -> None:
+            nonlocal flushes
+            flushes += 1
+            await real_flush(timeout)
+
+        link.client.flush = counted  # type: ignore[method-assign]
+        sender = NatsSender(link, "http://troth")
+        try:
+            rows = [
+                OutboxRow(
+                    i,
+                    OutboxEntry(
+                        f"nats://batched.{'here' if i % 2 == 0 else 'nobody'}",
+                        Execute(f"t{i}", 1),
+                    ),
+                    0,
+                )
+                for i in range(60)
+            ]
+            outcomes = await asyncio.gather(*(sender.send(r) for r in rows))
+            for i, outcome in enumerate(outcomes):
+                if i % 2 == 0:
+                    assert isinstance(outcome, Completed), (i, outcome)
+                else:
+                    assert isinstance(outcome, Retryable), (i, outcome)
+                    assert outcome.code == "troth.nats.no_responders"
+            assert 1 <= flushes <= 10, flushes
+            received = []
+            while len(received) < 30:
+                msg = await got.next_msg(timeout=5)
+                received.append(json.loads(msg.data)["data"]["task"]["id"])
+            assert sorted(received) == sorted(f"t{i}" for i in range(0, 60, 2))
+            assert len(link.client._subs) == 1  # the node's one reply subscription
+        finally:
+            await worker.close()
+            await link.close()
+
+    asyncio.run(scenario())

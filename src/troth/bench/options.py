@@ -13,7 +13,7 @@ from dataclasses import dataclass
 WORKLOADS = ("create-settle", "lifecycle", "fanout", "reads", "timers", "heartbeat")
 #: Workloads run only when named: ``sdk-steps`` needs the published SDKs, which are
 #: not troth's dependencies, and starts servers of its own (troth.bench.sdk_steps).
-NAMED_ONLY = ("sdk-steps",)
+NAMED_ONLY = ("sdk-steps", "sdk-workflows")
 #: The HTTP workload of the same name with requests over troth's NATS queue group
 #: (and, for lifecycle, executes delivered to ``nats://`` subjects): run only when
 #: named, beside the HTTP ones; the bench starts its own nats-server for them
@@ -21,7 +21,9 @@ NAMED_ONLY = ("sdk-steps",)
 NATS_WORKLOADS = ("create-settle-nats", "lifecycle-nats")
 SDKS = ("python", "typescript")
 SDK_STORES = ("sqlite", "memory", "postgres")
-PEERS = ("pgqueuer",)
+PEERS = ("pgqueuer", "resonate-pg")
+#: sdk-workflows: the troth stores it runs against (resonate-pg joins with --peers).
+WF_STORES = ("sqlite", "postgres")
 #: Workloads with an open-loop form (``--open-loop``; troth.bench.sweep).
 OPEN_LOOP = ("create-settle", "lifecycle")
 #: ``--open-loop sweep``: percentages of the closed-loop maximum.
@@ -85,6 +87,14 @@ class Options:
     steps: int = 300  # sdk-steps: sequential ctx.run steps of the measured workflow
     sdks: tuple[str, ...] = SDKS  # sdk-steps: which SDKs
     sdk_stores: tuple[str, ...] = SDK_STORES  # sdk-steps: troth's stores to run them against
+    wf_steps: int = 20  # sdk-workflows: sequential ctx.run steps per workflow
+    wf_count: int = 200  # sdk-workflows: workflows of one batch phase
+    wf_inflight: int = 16  # sdk-workflows: workflows in flight per SDK process
+    sdk_processes: tuple[int, ...] = (1,)  # sdk-workflows: SDK worker processes (a sweep)
+    wf_single: int = 10  # sdk-workflows: workflows run one at a time
+    wf_stores: tuple[str, ...] = WF_STORES  # sdk-workflows: troth's stores
+    rounds: int = 1  # sdk-workflows: visits of every target, alternating order
+    resonate_sql: str | None = None  # --peers resonate-pg: path of resonate.sql
     #: The NATS the server of ``--url`` uses, for the NATS workloads; None: the bench
     #: starts a nats-server of its own (and gives its servers ``--nats-url``).
     nats_url: str | None = None
@@ -111,6 +121,7 @@ _workloads = _names("workload", WORKLOADS + NAMED_ONLY + NATS_WORKLOADS)
 _sdks = _names("SDK", SDKS)
 _sdk_stores = _names("store", SDK_STORES)
 _peers = _names("peer", PEERS)
+_wf_stores = _names("store", WF_STORES)
 
 
 def _nodes(text: str) -> tuple[int, ...]:
@@ -203,8 +214,9 @@ def add_bench_flags(p: argparse.ArgumentParser) -> None:
         "--peers",
         type=_peers,
         default=d.peers,
-        help=f"also measure these queues on the same PostgreSQL server: {','.join(PEERS)}"
-        " (needs: pip install 'troth[bench]')",
+        help=f"also measure these peers on the same PostgreSQL server: {','.join(PEERS)}"
+        " (pgqueuer needs: pip install 'troth[bench]'; resonate-pg runs with --workloads"
+        " sdk-workflows and needs --resonate-sql)",
     )
     p.add_argument("--peer-jobs", type=int, default=d.peer_jobs, help="batched peer jobs (20000)")
     p.add_argument("--peer-batch", type=int, default=d.peer_batch, help="peer batch size (100)")
@@ -265,6 +277,7 @@ def add_bench_flags(p: argparse.ArgumentParser) -> None:
         default=d.sdk_stores,
         help=f"sdk-steps: troth stores to run the SDKs against ({','.join(SDK_STORES)})",
     )
+    add_workflow_flags(p, d)
     p.add_argument(
         "--scale",
         type=_counts,
@@ -325,6 +338,58 @@ def add_bench_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_workflow_flags(p: argparse.ArgumentParser, d: Options) -> None:
+    """The knobs of ``--workloads sdk-workflows`` (troth.bench.sdk_load)."""
+    p.add_argument(
+        "--workflow-steps",
+        type=int,
+        default=d.wf_steps,
+        help=f"sdk-workflows: sequential ctx.run steps per workflow ({d.wf_steps})",
+    )
+    p.add_argument(
+        "--workflows",
+        type=int,
+        default=d.wf_count,
+        help=f"sdk-workflows: workflows of each batch phase ({d.wf_count})",
+    )
+    p.add_argument(
+        "--workflows-inflight",
+        type=int,
+        default=d.wf_inflight,
+        help=f"sdk-workflows: workflows in flight per SDK process ({d.wf_inflight})",
+    )
+    p.add_argument(
+        "--sdk-processes",
+        type=_nodes,
+        default=d.sdk_processes,
+        help="sdk-workflows: SDK worker processes; a list such as 1,2,4 runs a batch phase"
+        " per count (1)",
+    )
+    p.add_argument(
+        "--single-workflows",
+        type=int,
+        default=d.wf_single,
+        help=f"sdk-workflows: workflows run one at a time ({d.wf_single})",
+    )
+    p.add_argument(
+        "--workflow-stores",
+        type=_wf_stores,
+        default=d.wf_stores,
+        help=f"sdk-workflows: troth stores to run against ({','.join(WF_STORES)})",
+    )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=d.rounds,
+        help="sdk-workflows: visit every target this many times, alternating the order (1)",
+    )
+    p.add_argument(
+        "--resonate-sql",
+        help="--peers resonate-pg: the resonate.sql of the resonate-pg repository, applied"
+        " to a throwaway database",
+    )
+
+
 def options_from(args: argparse.Namespace) -> Options:
     return Options(
         url=args.url,
@@ -365,6 +430,14 @@ def options_from(args: argparse.Namespace) -> Options:
         steps=args.steps,
         sdks=args.sdks,
         sdk_stores=args.sdk_stores,
+        wf_steps=args.workflow_steps,
+        wf_count=args.workflows,
+        wf_inflight=args.workflows_inflight,
+        sdk_processes=args.sdk_processes,
+        wf_single=args.single_workflows,
+        wf_stores=args.workflow_stores,
+        rounds=args.rounds,
+        resonate_sql=args.resonate_sql,
         nats_url=args.nats_url,
         open_loop=args.open_loop,
         open_loop_cap=args.open_loop_cap,
@@ -386,6 +459,18 @@ def problems(opts: Options) -> list[str]:
         out.append("--peer-batch, --peer-jobs and --peer-inflight must be >= 1")
     if "sdk-steps" in opts.workloads and (opts.url or opts.steps < 2):
         out.append("sdk-steps starts its own servers (no --url) and needs --steps >= 2")
+    if "resonate-pg" in opts.peers and "sdk-workflows" not in opts.workloads:
+        out.append("--peers resonate-pg runs with --workloads sdk-workflows: name it")
+    if "sdk-workflows" in opts.workloads and (
+        opts.url
+        or min(opts.wf_steps, opts.wf_count, opts.wf_inflight, opts.rounds) < 1
+        or opts.wf_single < 1
+        or opts.wf_steps < 2
+    ):
+        out.append(
+            "sdk-workflows starts its own servers (no --url) and needs --workflow-steps >= 2,"
+            " --workflows, --workflows-inflight, --single-workflows and --rounds >= 1"
+        )
     if opts.chart and not opts.open_loop:
         out.append("--chart draws the open-loop curves: it needs --open-loop")
     if opts.open_loop and not set(opts.workloads) & set(OPEN_LOOP):

@@ -141,7 +141,33 @@ def limits_lines(limits: Limits, synchronous: str) -> list[str]:
             f" → generator cost {cost:.1f} µs CPU per request"
         )
         lines.extend(noise(c))
+    lines.extend(ceiling_lines(limits))
     return lines
+
+
+def ceiling_lines(limits: Limits) -> list[str]:
+    """The machine ceiling (nginx, a fixed envelope) and how close the bare round trip
+    comes to it."""
+    if limits.nginx_skipped:
+        return [f"  machine ceiling not measured: {limits.nginx_skipped}"]
+    rows = []
+    for s in (limits.nginx_wrk, limits.nginx_generator):
+        if s is not None:
+            q = s.latency
+            rows.append([s.name, rate(s), *(ms(q.get(k)) for k in ("p50", "p90", "p99"))])
+    if not rows:
+        return []
+    out = ["machine ceiling (nginx, 1 worker, a fixed envelope; same connections)"]
+    out += table(["driver", "rate", "p50 ms", "p90 ms", "p99 ms"], rows)
+    gen = limits.nginx_generator.rate if limits.nginx_generator else None
+    wrk = limits.nginx_wrk.rate if limits.nginx_wrk else None
+    http = limits.http.rate if limits.http else None
+    out.append(
+        f"  nginx CPU under wrk {cores(limits.nginx_cpu)} · generator against nginx"
+        f" {cores(limits.nginx_generator_cpu)} · generator ÷ wrk {ratio(gen, wrk)}"
+        f" · bare uvicorn ÷ generator→nginx {ratio(http, gen)}"
+    )
+    return out
 
 
 def store_words(limits: Limits) -> tuple[str, str]:
@@ -220,6 +246,8 @@ def result_lines(r: Result, limits: Limits) -> list[str]:
     http = limits.http.rate if limits.http else None
     one, hundred = store_words(limits)
     parts = [] if r.peer else [f"{ratio(req, http)} bare HTTP"]
+    if not r.peer and limits.nginx_generator is not None:
+        parts.append(f"{ratio(req, limits.nginx_generator.rate)} nginx (same generator)")
     if r.name in WRITES or r.peer:
         parts.append(f"{ratio(req, limits.one_row)} {one}")
         parts.append(f"{ratio(req, limits.batched_rows)} {hundred}")
@@ -236,6 +264,7 @@ def result_lines(r: Result, limits: Limits) -> list[str]:
 def summary_lines(results: Sequence[Result], limits: Limits) -> list[str]:
     rows = []
     http = limits.http.rate if limits.http else None
+    nginx = limits.nginx_generator.rate if limits.nginx_generator else None
     with_db = any(r.cpu.database is not None for r in results)
     for r in results:
         for s in r.series:
@@ -253,6 +282,7 @@ def summary_lines(results: Sequence[Result], limits: Limits) -> list[str]:
                 ms(q.get("p99")),
                 ms(q.get("max")),
                 ratio(s.rate, http) if is_head and not r.peer else "",
+                ratio(s.rate, nginx) if is_head and not r.peer else "",
                 ratio(s.rate, limits.one_row) if writes else "",
                 ratio(s.rate, limits.batched_rows) if writes else "",
                 cores(r.cpu.server).replace(" cores", "") if first else "",
@@ -265,7 +295,8 @@ def summary_lines(results: Sequence[Result], limits: Limits) -> list[str]:
                 cores(r.cpu.elsewhere).replace(" cores", "") if first else "",
             ]
             rows.append(row)
-    head = ["workload", "line", "rate", "p50 ms", "p99 ms", "max ms", "xHTTP", "x1-row", "x100-row"]
+    head = ["workload", "line", "rate", "p50 ms", "p99 ms", "max ms", "xHTTP", "xnginx"]
+    head += ["x1-row", "x100-row"]
     head += ["srv CPU", *(["pg CPU"] if with_db else []), "gen CPU", "other"]
     note = "summary (CPU in cores over the window; other = busy outside the bench: noise"
     if with_db:

@@ -80,6 +80,13 @@ class Limits:
     pg_serial: float | None = None  # one-row transactions/s on one connection
     pg_serial_latency: dict[str, float] = field(default_factory=dict)
     pg_rows: float | None = None  # rows/s in 100-row transactions, one connection
+    #: The machine ceiling (troth.bench.ceiling): nginx driven by wrk and by the
+    #: bench's generator; why it was not measured, when it was not.
+    nginx_wrk: Series | None = None
+    nginx_generator: Series | None = None
+    nginx_cpu: float | None = None  # nginx's cores under wrk
+    nginx_generator_cpu: float | None = None  # the generator's cores against nginx
+    nginx_skipped: str | None = None
 
     @property
     def one_row(self) -> float | None:

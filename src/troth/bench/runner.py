@@ -29,6 +29,7 @@ from typing import Any, TextIO
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
+from troth.bench.ceiling import machine_ceiling
 from troth.bench.client import BenchFailure, Client
 from troth.bench.http import split_url
 from troth.bench.limits import http_limit, sqlite_limits
@@ -62,6 +63,8 @@ from troth.bench.report import (
     target_lines,
 )
 from troth.bench.results import Limits, Result, ScalePoint
+from troth.bench.sdk_load import Phase, Shape, sdk_workflows
+from troth.bench.sdk_load import summary_lines as workflow_summary
 from troth.bench.sdk_steps import StepRun, sdk_steps
 from troth.bench.seed import SeedIds, seed, seed_postgres
 from troth.bench.sweep import Curve, chart_of, curve_lines, open_loop
@@ -79,6 +82,7 @@ class Report:
     scale: list[ScalePoint] = field(default_factory=list)
     peers: list[Result] = field(default_factory=list)  # the peer queues (--peers)
     sdk_steps: list[StepRun] = field(default_factory=list)  # --workloads sdk-steps
+    sdk_workflows: list[Phase] = field(default_factory=list)  # --workloads sdk-workflows
     open_loop: list[Curve] = field(default_factory=list)  # --open-loop
     rss_at_rest: int | None = None
     rss_after: int | None = None
@@ -93,6 +97,7 @@ class Report:
             "scale": [p.to_json() for p in self.scale],
             "peers": [r.to_json() for r in self.peers],
             "sdk_steps": [r.to_json() for r in self.sdk_steps],
+            "sdk_workflows": [p.to_json() for p in self.sdk_workflows],
             "open_loop": [c.to_json() for c in self.open_loop],
             "rss_at_rest": self.rss_at_rest,
             "rss_after": self.rss_after,
@@ -238,6 +243,7 @@ class Bench:
         #: local cluster): the probes, the peers, and the runs without --postgres-url.
         self.pg_base = opts.postgres_url or opts.postgres_admin
         self.report = Report(describe(opts, self.workdir))
+        self.asked_peers = opts.peers
         #: The NATS of the NATS workloads (None: none asked for, or none to be had),
         #: and the nats-server the bench started for them.
         self.nats_url: str | None = None
@@ -261,11 +267,23 @@ class Bench:
         opts = self.opts
         self.say(*settings_lines(self.report.settings), "")
         steps = "sdk-steps" in opts.workloads
+        flows = "sdk-workflows" in opts.workloads
         opts = self.opts = replace(
-            opts, workloads=tuple(w for w in opts.workloads if w != "sdk-steps")
+            opts,
+            workloads=tuple(w for w in opts.workloads if w not in ("sdk-steps", "sdk-workflows")),
+            peers=tuple(p for p in opts.peers if p != "resonate-pg"),
         )
-        if steps and not (opts.workloads or opts.scale or opts.peers):
-            await self.sdk_steps()  # the limits mean nothing to it: not measured
+        if (steps or flows) and not (opts.workloads or opts.scale or opts.peers):
+            # The limits mean nothing to them: not measured.
+            try:
+                if steps:
+                    await self.sdk_steps()
+                if flows:
+                    await self.sdk_workflows()
+            except BenchFailure as exc:
+                self.report.ok = False
+                self.report.failure = str(exc)
+                self.say("", f"BENCH FAILED: {exc}")
             return self.report
         opts = self.opts = self.with_nats(opts)
         limits = self.report.limits
@@ -284,6 +302,8 @@ class Bench:
             )
         await self.quiet("the bare HTTP round trip")
         await http_limit(self.workdir, opts.clients, opts.limit_seconds, limits)
+        await self.quiet("the machine ceiling")
+        await self.machine_ceiling()
         self.say(*limits_lines(limits, opts.synchronous), "")
         try:
             if opts.workloads:
@@ -298,6 +318,8 @@ class Bench:
                 await self.peer(peer)
             if steps:
                 await self.sdk_steps()
+            if flows:
+                await self.sdk_workflows()
         except BenchFailure as exc:
             self.report.ok = False
             self.report.failure = str(exc)
@@ -400,6 +422,47 @@ class Bench:
                 " ÷ steps; share = that ÷ the mean step",
             )
         self.say("")
+
+    async def machine_ceiling(self) -> None:
+        """nginx driven by wrk and by the generator (``troth.bench.ceiling``)."""
+        limits, opts = self.report.limits, self.opts
+        try:
+            found = await machine_ceiling(self.workdir, opts.clients, opts.limit_seconds)
+        except RuntimeError as exc:  # nginx or wrk misbehaved: the run goes on without
+            limits.nginx_skipped = str(exc)
+            return
+        limits.nginx_skipped = found.skipped
+        limits.nginx_wrk, limits.nginx_generator = found.wrk, found.generator
+        limits.nginx_cpu = found.nginx_cpu
+        limits.nginx_generator_cpu = found.generator_cpu.generator
+
+    async def sdk_workflows(self) -> None:
+        """The Python SDK's workflows under load, beside resonate-pg
+        (``troth.bench.sdk_load``)."""
+        opts = self.opts
+        await self.quiet("sdk-workflows")
+        shape = Shape(
+            opts.wf_steps,
+            opts.wf_count,
+            opts.wf_inflight,
+            opts.sdk_processes,
+            opts.wf_single,
+            opts.rounds,
+        )
+        sql = opts.resonate_sql if "resonate-pg" in self.asked_peers else None
+        try:
+            self.report.sdk_workflows = await sdk_workflows(
+                shape, opts.wf_stores, sql, self.workdir, self.pg_base, self.say
+            )
+        except (RuntimeError, psycopg.Error) as exc:
+            raise BenchFailure(f"sdk-workflows: {exc}") from exc
+        self.say(
+            "  note: step = gap between two consecutive steps' starts in the SDK process;"
+            " wf p50 = a workflow's wall time; cores = CPU seconds ÷ phase seconds"
+            " (postgres: the target database's backends, WAL writer, checkpointer)",
+            *workflow_summary(self.report.sdk_workflows),
+            "",
+        )
 
     async def postgres_limits(self) -> None:
         """Raw durable commits on the same PostgreSQL server (see :mod:`troth.bench.pg`)."""
@@ -682,10 +745,14 @@ def run_from_args(args: argparse.Namespace) -> int:
     the flags cannot be honoured (or a peer's package is missing: nothing is run)."""
     opts = options_from(args)
     wrong = problems(opts)
-    if opts.peers:
+    if "pgqueuer" in opts.peers:
         from troth.bench.peers import missing
 
-        wrong += [m for m in (missing(p) for p in opts.peers) if m]
+        wrong += [m for m in (missing("pgqueuer"),) if m]
+    if "resonate-pg" in opts.peers:
+        from troth.bench.sdk_load import sql_problem
+
+        wrong += [m for m in (sql_problem(opts.resonate_sql),) if m]
     if wrong:
         for line in wrong:
             print(f"troth bench: {line}", file=sys.stderr)

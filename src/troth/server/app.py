@@ -212,7 +212,7 @@ class App:
             else NatsIngress(
                 nats,
                 settings.nats_prefix,
-                self.nats_envelope,
+                self.nats_answer,
                 self.answered,
                 max_body=settings.max_body,
             )
@@ -532,10 +532,10 @@ class App:
         log.error("internal error serving %s corrId=%s", kind, corr, exc_info=exc)
         return kind, corr, 500, f"Internal error (corrId {corr}); nothing was changed", admitted
 
-    async def nats_envelope(self, body: bytes) -> Answer:
-        """A request from NATS: :meth:`envelope` with no transport headers (a NATS
+    def nats_answer(self, body: bytes, done: Callable[[Answer], None]) -> Answer | None:
+        """A request from NATS: :meth:`answer_soon` with no transport headers (a NATS
         request authenticates with ``head.auth`` alone)."""
-        return await self.envelope(body, ())
+        return self.answer_soon(body, (), done)
 
     async def release(self, req: rq.TaskRelease, now: int, head: dict[str, Any]) -> Response:
         """``task.release``: a bounce of its task; after enough of them in a row, its

@@ -20,9 +20,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
+import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 from nats.aio.msg import Msg
@@ -64,13 +66,20 @@ def origin_of(subject: str, prefix: str) -> str | None:
 
 
 class NatsIngress:
-    """Serves the request subjects of one node."""
+    """Serves the request subjects of one node.
+
+    A request has no task or coroutine of its own (as a simple ``POST /`` has none,
+    ``server/direct.py``): ``handle`` is :meth:`App.answer_soon`, which answers at once
+    where nothing waits and otherwise calls back when the request's batch committed.
+    The answers of one batch arrive in one pass of the event loop; they are published
+    together by one task, and nats-py writes them in one go.
+    """
 
     def __init__(
         self,
         link: NatsLink,
         prefix: str,
-        handle: Callable[[bytes], Awaitable[Answer]],
+        handle: Callable[[bytes, Callable[[Answer], None]], Answer | None],
         answered: Callable[[Answer, float, str], None],
         *,
         max_body: int,
@@ -83,7 +92,13 @@ class NatsIngress:
         self.answered = answered
         self.max_body = max_body
         self.slots = asyncio.Semaphore(concurrency)
-        self.inflight: set[asyncio.Task[None]] = set()
+        #: Requests taken and not yet answered; set when there are none (shutdown).
+        self.waiting = 0
+        self.idle = asyncio.Event()
+        self.idle.set()
+        #: Answers to publish ``(subject, body)``, and the task publishing them.
+        self.outgoing: list[tuple[str, bytes]] = []
+        self.publisher: asyncio.Task[None] | None = None
         self.sub: Subscription | None = None
         self.stopping = False
 
@@ -102,58 +117,81 @@ class NatsIngress:
         and return, so that requests are served concurrently (and grouped into
         commits); wait only when ``concurrency`` are in flight."""
         await self.slots.acquire()
-        task = asyncio.create_task(self.serve(msg))
-        self.inflight.add(task)
-        task.add_done_callback(self._done)
-
-    def _done(self, task: asyncio.Task[None]) -> None:
-        self.inflight.discard(task)
-        self.slots.release()
-
-    async def serve(self, msg: Msg) -> None:
+        self.waiting += 1
+        self.idle.clear()
         started = time.perf_counter()
         reply = msg.reply
         for name, value in (msg.headers or {}).items():
             if name.lower() == REPLY_HEADER:
                 reply = value
                 break
-        answer: Answer
+        done = functools.partial(self.finish, msg.subject, reply, started)
         if len(msg.data) > self.max_body:
-            answer = ("unknown", "0", 413, "Request body too large", None)
-        else:
-            try:
-                answer = await self.handle(msg.data)
-            except Exception:  # App.envelope answers every error itself; a safety net
-                log.exception("NATS: serving a request on %s failed", msg.subject)
-                answer = ("unknown", "0", 500, "Internal error", None)
-        kind, corr, status, data, admitted = answer
-        body = encode_response(kind, corr, status, data)
-        nc = self.link.client
-        if len(body) > nc.max_payload:
-            # The answer would be refused by NATS and the client would wait out its
-            # timeout; tell it instead (what it asked for was done: status says how).
-            data = (
-                f"Answer too large for NATS: {len(body)} bytes, the server's max_payload "
-                f"is {nc.max_payload}; the request was served with status {status} "
-                "(read the answer over HTTP)"
-            )
-            status = 500
-            body = encode_response(kind, corr, status, data)
-        origin = origin_of(msg.subject, self.prefix)
-        self.answered((kind, corr, status, data, admitted), started, f" via=nats origin={origin}")
-        if not reply:
-            self.link.warn(
-                "no-reply",
-                "NATS request %s corrId=%s on %s has nowhere to answer",
-                kind,
-                corr,
-                msg.subject,
-            )
+            done(("unknown", "0", 413, "Request body too large", None))
             return
         try:
-            await nc.publish(reply, body)
-        except Exception as exc:
-            self.link.warn("reply", "NATS: could not answer %s corrId=%s: %s", kind, corr, exc)
+            answer = self.handle(msg.data, done)
+        except Exception:  # App.answer_soon answers every error itself; a safety net
+            log.exception("NATS: serving a request on %s failed", msg.subject)
+            answer = ("unknown", "0", 500, "Internal error", None)
+        if answer is not None:
+            done(answer)
+
+    def finish(self, subject: str, reply: str, started: float, answer: Answer) -> None:
+        """One request answered: count and log it, and queue its answer."""
+        try:
+            kind, corr, status, data, admitted = answer
+            body = encode_response(kind, corr, status, data)
+            nc = self.link.client
+            if len(body) > nc.max_payload:
+                # The answer would be refused by NATS and the client would wait out its
+                # timeout; tell it instead (what it asked for was done: status says how).
+                data = (
+                    f"Answer too large for NATS: {len(body)} bytes, the server's max_payload "
+                    f"is {nc.max_payload}; the request was served with status {status} "
+                    "(read the answer over HTTP)"
+                )
+                status = 500
+                body = encode_response(kind, corr, status, data)
+            origin = origin_of(subject, self.prefix)
+            via = f" via=nats origin={origin}"
+            self.answered((kind, corr, status, data, admitted), started, via)
+            if not reply:
+                self.link.warn(
+                    "no-reply",
+                    "NATS request %s corrId=%s on %s has nowhere to answer",
+                    kind,
+                    corr,
+                    subject,
+                )
+                return
+            self.outgoing.append((reply, body))
+            if self.publisher is None:
+                self.publisher = asyncio.get_running_loop().create_task(self.publish())
+        finally:
+            self.slots.release()
+            self.waiting -= 1
+            self._settle()
+
+    async def publish(self) -> None:
+        """Publish every answer queued (more may be queued meanwhile)."""
+        nc = self.link.client
+        try:
+            while self.outgoing:
+                batch, self.outgoing = self.outgoing, []
+                for reply, body in batch:
+                    try:
+                        await nc.publish(reply, body)
+                    except Exception as exc:
+                        self.link.warn("reply", "NATS: could not answer on %s: %s", reply, exc)
+        finally:
+            self.publisher = None
+            self._settle()
+
+    def _settle(self) -> None:
+        """Idle (for shutdown) once nothing is waiting, queued or being published."""
+        if self.waiting == 0 and not self.outgoing and self.publisher is None:
+            self.idle.set()
 
     async def stop(self) -> None:
         """Take no more requests; answer those in flight (up to :data:`DRAIN_SECONDS`)."""
@@ -163,5 +201,6 @@ class NatsIngress:
                 await self.sub.unsubscribe()
             except Exception as exc:
                 log.debug("NATS: unsubscribe on shutdown: %s", exc)
-        if self.inflight:
-            await asyncio.wait(set(self.inflight), timeout=DRAIN_SECONDS)
+        if not self.idle.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.idle.wait(), DRAIN_SECONDS)

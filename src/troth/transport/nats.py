@@ -33,12 +33,14 @@ re-emitted by the retry timer.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable
 
 import nats.errors
 from nats.aio.client import Client
+from nats.aio.subscription import Subscription
 
 from troth import redact
 from troth.outbox import codes
@@ -147,12 +149,41 @@ class NatsLink:
 
 
 class NatsSender:
-    """Publishes outbox rows to the subject of their ``nats://`` address."""
+    """Publishes outbox rows to the subject of their ``nats://`` address.
+
+    One reply subscription per node (``<inbox>.*``), made on the first send, and one
+    flush for every publish made while the previous flush was under way: a send
+    waits for the first flush that *began after* its publish (its PONG comes after
+    any "no responders" answer to that publish), so the sends in flight share one
+    PING/PONG instead of a subscription, a flush and an unsubscription each.
+    """
 
     def __init__(self, link: NatsLink, server_url: str, *, flush_timeout: float = 10.0) -> None:
         self.link = link
         self.server_url = server_url
         self.flush_timeout = flush_timeout
+        self._client: Client | None = None  # the client the subscription is on
+        self._replies: Subscription | None = None
+        self._prefix = ""
+        self._subscribing = asyncio.Lock()
+        self._tokens = itertools.count(1)
+        #: Sends published and not yet settled, and those NATS answered "no
+        #: responders" for (only tokens of sends still waiting are kept).
+        self._waiting: set[str] = set()
+        self._refused: set[str] = set()
+        #: The flush the next publishes join, not begun yet; whether one is under way.
+        self._next: asyncio.Future[bool] | None = None
+        self._flushing = False
+        self._flusher: asyncio.Task[None] | None = None
+
+    async def _subscription(self, nc: Client) -> Subscription:
+        """The node's reply subscription on ``nc`` (nats-py renews it on a reconnect)."""
+        async with self._subscribing:
+            if self._replies is None or self._client is not nc:
+                self._prefix = nc.new_inbox()
+                self._replies = await nc.subscribe(self._prefix + ".*")
+                self._client = nc
+            return self._replies
 
     async def send(self, row: OutboxRow) -> Dispatched:
         subject = nats_subject(row.address)
@@ -164,18 +195,19 @@ class NatsSender:
         payload = message_body(row.message, self.server_url)
         if len(payload) > nc.max_payload:
             return Permanent(codes.NATS_TOO_LARGE)
-        # A reply subject of its own: NATS answers it with a 503 status when the
-        # subject has no subscriber.  No callback: the answer is queued on the
-        # subscription as the reader meets it, before the flush's PONG.
-        inbox = nc.new_inbox()
         try:
-            replies = await nc.subscribe(inbox, max_msgs=1)
+            replies = await self._subscription(nc)
         except nats.errors.Error:
             return Retryable(codes.NATS_DISCONNECTED)
+        token = str(next(self._tokens))
+        self._waiting.add(token)
         try:
             try:
                 await nc.publish(
-                    subject, payload, reply=inbox, headers={"Idempotency-Key": row.key}
+                    subject,
+                    payload,
+                    reply=f"{self._prefix}.{token}",
+                    headers={"Idempotency-Key": row.key},
                 )
             except (
                 nats.errors.OutboundBufferLimitError,
@@ -188,15 +220,52 @@ class NatsSender:
                 return Permanent(codes.BAD_ADDRESS)
             except nats.errors.MaxPayloadError:
                 return Permanent(codes.NATS_TOO_LARGE)
-            try:
-                await nc.flush(self.flush_timeout)  # type: ignore[arg-type]
-            except Exception:
+            # Shielded: a send cancelled while it waits must not cancel the flush
+            # the other sends share.
+            if not await asyncio.shield(self._flushed(nc, replies)):
                 return Unknown(codes.NATS_FLUSH_FAILED)
-            if replies.pending_msgs:
+            if token in self._refused:
                 return Retryable(codes.NATS_NO_RESPONDERS)
             return Completed()
         finally:
-            try:
-                await replies.unsubscribe()
-            except Exception:
-                pass  # gone with the connection; nats-py forgets it on reconnect
+            self._waiting.discard(token)
+            self._refused.discard(token)
+
+    def _flushed(self, nc: Client, replies: Subscription) -> asyncio.Future[bool]:
+        """A flush begun after the caller's publish: True once its PONG came (and the
+        replies read before it were sorted), False if it failed or timed out."""
+        if self._next is None:
+            self._next = asyncio.get_running_loop().create_future()
+            if not self._flushing:
+                self._flushing = True
+                self._flusher = asyncio.create_task(self._flush(nc, replies))
+        return self._next
+
+    async def _flush(self, nc: Client, replies: Subscription) -> None:
+        try:
+            while self._next is not None:
+                joined, self._next = self._next, None
+                ok = False
+                try:
+                    await nc.flush(self.flush_timeout)  # type: ignore[arg-type]
+                    await self._sort(replies)
+                    ok = True
+                except Exception:
+                    pass  # the sends that joined it are Unknown: the reconciler decides
+                finally:
+                    if not joined.done():
+                        joined.set_result(ok)
+        finally:
+            self._flushing = False
+            if self._next is not None and not self._next.done():
+                self._next.set_result(False)  # cancelled with sends still waiting
+                self._next = None
+
+    async def _sort(self, replies: Subscription) -> None:
+        """Note every "no responders" answer already read (queued on the subscription
+        by the reader before the PONG that ended the flush)."""
+        while replies.pending_msgs:
+            msg = await replies.next_msg()
+            token = msg.subject.rpartition(".")[2]
+            if token in self._waiting:
+                self._refused.add(token)
