@@ -465,10 +465,13 @@ class Bench:
         )
 
     async def postgres_limits(self) -> None:
-        """Raw durable commits on the same PostgreSQL server (see :mod:`troth.bench.pg`)."""
+        """Raw durable commits on the same PostgreSQL server (see :mod:`troth.bench.pg`):
+        directly, at ``--postgres-listen-url`` when given, since pgbench's prepared
+        statements and clients do not pass a pooler the way troth's nodes do."""
         limits = self.report.limits
+        base = self.opts.postgres_listen_url or self.pg_base
         found = await asyncio.to_thread(
-            postgres_limits, self.pg_base, self.opts.clients, self.opts.limit_seconds, self.workdir
+            postgres_limits, base, self.opts.clients, self.opts.limit_seconds, self.workdir
         )
         limits.pg_method = found["method"]
         limits.pg_clients = self.opts.clients
