@@ -30,7 +30,7 @@ def schema_version() -> int:
 
 
 def describe() -> str:
-    """One line for people: ``troth 0.2.0 (schema 6, protocol 2026-04-01)``."""
+    """One line for people: ``troth 0.2.0 (schema 7, protocol 2026-04-01)``."""
     return f"troth {__version__} (schema {schema_version()}, protocol {PROTOCOL_VERSION})"
 
 

@@ -52,9 +52,11 @@ class Node(TrothProcess):
         super().__init__(procs, name)
         self.postgres_url = postgres_url
 
-    def start(self, *extra: str, retry_timeout_ms: int = 1000) -> None:
+    def start(
+        self, *extra: str, retry_timeout_ms: int = 1000, env: dict[str, str] | None = None
+    ) -> None:
         """Start it; ``extra`` are more ``troth serve`` flags (``--server-url``,
-        ``--nats-url``)."""
+        ``--nats-url``), ``env`` more environment variables."""
         argv = [
             *[sys.executable, "-m", "troth.cli.main", "serve"],
             *["--host", "127.0.0.1", "--port", str(self.port)],
@@ -63,7 +65,7 @@ class Node(TrothProcess):
             *["--retry-timeout", str(retry_timeout_ms)],
             *extra,
         ]
-        self.proc = self.procs.start(self.name, argv)
+        self.proc = self.procs.start(self.name, argv, env)
 
     def kill_at(self) -> float:
         """SIGKILL it; the wall-clock instant of the kill."""

@@ -111,12 +111,15 @@ def test_requests_deliveries_timer_and_retention_have_spans(receiver: Receiver) 
     assert request.resource["service.name"] == "troth-under-test"
     assert request.end_ns > request.start_ns
 
-    # A traceparent that does not parse: the request is a root of its own trace.
+    # A traceparent that does not parse is ignored: the read joins the trace the
+    # promise was created in, under the span that created it.
     (bad,) = [s for s in receiver.named("promise.get") if s.attributes["troth.corr_id"] == "c-bad"]
-    assert bad.parent_id == "" and bad.trace_id != TRACE
+    assert (bad.trace_id, bad.parent_id) == (TRACE, request.span_id)
 
-    # The delivery attempt's context travels to the worker with the push.
+    # The delivery attempt's context travels to the worker with the push; the
+    # attempt is a child of the span that created the promise.
     deliver = receiver.named("deliver execute")[0]
+    assert (deliver.trace_id, deliver.parent_id) == (TRACE, request.span_id)
     assert deliver.kind == "SPAN_KIND_CLIENT"
     assert deliver.attributes["troth.task.id"] == "wf"
     assert deliver.attributes["troth.outcome"] == "completed"

@@ -98,6 +98,9 @@ class Options:
     #: The NATS the server of ``--url`` uses, for the NATS workloads; None: the bench
     #: starts a nats-server of its own (and gives its servers ``--nats-url``).
     nats_url: str | None = None
+    #: Start the servers with ``--tracing``, exporting to a sink the bench runs
+    #: (``bench/otlp_sink.py``): what tracing costs, against a run without it.
+    tracing: bool = False
     open_loop: tuple[Offered, ...] = ()  # open-loop loads after each closed run (none: off)
     open_loop_cap: int = 512  # most connections (operations in flight) of the open loop
     arrivals: str = "uniform"  # open-loop arrival process: uniform or poisson
@@ -336,6 +339,12 @@ def add_bench_flags(p: argparse.ArgumentParser) -> None:
         help="on a shared machine: before each measurement, wait up to this many seconds"
         " until nothing else keeps a CPU busy (0: do not wait)",
     )
+    p.add_argument(
+        "--tracing",
+        action="store_true",
+        help="start the servers with --tracing, their spans exported over OTLP/HTTP to a"
+        " sink the bench runs (needs troth[otel]): run once with and once without it",
+    )
 
 
 def add_workflow_flags(p: argparse.ArgumentParser, d: Options) -> None:
@@ -427,6 +436,7 @@ def options_from(args: argparse.Namespace) -> Options:
         json=args.json,
         op_timeout=args.op_timeout,
         wait_quiet=args.wait_quiet,
+        tracing=args.tracing,
         steps=args.steps,
         sdks=args.sdks,
         sdk_stores=args.sdk_stores,

@@ -44,9 +44,17 @@ def child_pids(pid: int) -> list[int]:
 class ServerProcess:
     """A server subprocess on a free local port, with its log in ``workdir``."""
 
-    def __init__(self, name: str, argv: list[str], workdir: Path, port: int) -> None:
+    def __init__(
+        self,
+        name: str,
+        argv: list[str],
+        workdir: Path,
+        port: int,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.name = name
         self.argv = argv
+        self.env = env or {}
         self.workdir = workdir
         self.port = port
         self.log_path = workdir / f"{name}.log"
@@ -62,8 +70,10 @@ class ServerProcess:
         store: str = "sqlite",
         extra: list[str] | None = None,
         postgres_url: str | None = None,
+        env: dict[str, str] | None = None,
     ) -> ServerProcess:
-        """``troth serve`` on SQLite file ``db``, or (``postgres_url``) on PostgreSQL."""
+        """``troth serve`` on SQLite file ``db``, or (``postgres_url``) on PostgreSQL;
+        ``env``: more environment variables (the tracing exporter's)."""
         port = free_port()
         where = (
             ["--store", "postgres", "--postgres-url", postgres_url]
@@ -86,7 +96,7 @@ class ServerProcess:
             "warning",
             *(extra or []),
         ]
-        return cls("troth", argv, workdir, port)
+        return cls("troth", argv, workdir, port, env)
 
     @classmethod
     def bare(cls, workdir: Path) -> ServerProcess:
@@ -123,7 +133,7 @@ class ServerProcess:
             self.proc = subprocess.Popen(
                 self.argv,
                 cwd=self.workdir,
-                env=clean_env(),
+                env={**clean_env(), **self.env},
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -43,6 +43,7 @@ from troth.bench.options import (
     options_from,
     problems,
 )
+from troth.bench.otlp_sink import SinkProcess
 from troth.bench.pg import (
     backend_pids,
     database_size,
@@ -248,6 +249,8 @@ class Bench:
         #: and the nats-server the bench started for them.
         self.nats_url: str | None = None
         self.nats_server: NatsServerProcess | None = None
+        #: Where the servers' spans go with --tracing (bench/otlp_sink.py).
+        self.sink: SinkProcess | None = None
 
     def say(self, *lines: str) -> None:
         for line in lines:
@@ -286,6 +289,7 @@ class Bench:
                 self.say("", f"BENCH FAILED: {exc}")
             return self.report
         opts = self.opts = self.with_nats(opts)
+        self.start_sink()
         limits = self.report.limits
         await self.quiet("the limits")
         if opts.store == "postgres":
@@ -347,6 +351,7 @@ class Bench:
                     opts.clients,
                 )
             )
+        self.sink_line()
         if opts.chart and self.report.open_loop:
             self.write_chart(opts.chart)
         if opts.json:
@@ -388,8 +393,37 @@ class Bench:
         return replace(opts, workloads=tuple(w for w in opts.workloads if w not in wanted))
 
     def nats_flags(self) -> list[str]:
-        """What the servers the bench starts are given for NATS."""
-        return ["--nats-url", self.nats_url] if self.nats_url and not self.opts.url else []
+        """What the servers the bench starts are given for NATS (and ``--tracing``)."""
+        flags = ["--nats-url", self.nats_url] if self.nats_url and not self.opts.url else []
+        return flags + (["--tracing"] if self.sink is not None else [])
+
+    def trace_env(self) -> dict[str, str] | None:
+        """The servers' exporter settings with --tracing: to the bench's sink."""
+        if self.sink is None:
+            return None
+        return {"OTEL_EXPORTER_OTLP_ENDPOINT": self.sink.url, "OTEL_SERVICE_NAME": "troth-bench"}
+
+    def start_sink(self) -> None:
+        """--tracing: the sink the servers export to, started once per run."""
+        if not self.opts.tracing or self.opts.url or self.sink is not None:
+            return
+        sink = SinkProcess(self.workdir)
+        sink.start()
+        self.sink = sink
+        self.report.settings["tracing"] = f"on: OTLP/HTTP to a sink the bench runs ({sink.url})"
+        self.say(
+            "  tracing:  on (troth serve --tracing); spans exported over OTLP/HTTP to a sink"
+            " the bench runs, which drops them",
+            "",
+        )
+
+    def sink_line(self) -> None:
+        if self.sink is not None:
+            got = self.sink.stats()
+            self.say(
+                f"tracing: the servers exported {got['exports']:,} batches of spans"
+                f" ({got['bytes'] / 2**20:,.1f} MB) to the sink"
+            )
 
     def write_chart(self, path: str) -> None:
         s = self.report.settings
@@ -497,6 +531,7 @@ class Bench:
                 synchronous=opts.synchronous,
                 store=opts.store,
                 extra=self.nats_flags(),
+                env=self.trace_env(),
             )
             await self.on_servers([server], None, self.run_id, "")
             return
@@ -520,6 +555,7 @@ class Bench:
                 extra=self.nats_flags()
                 + self.pool_flags()
                 + (["--workers", str(nodes)] if one_port else []),
+                env=self.trace_env(),
             )
             for k in range(1 if one_port else nodes)
         ]
@@ -727,6 +763,8 @@ class Bench:
     def cleanup(self) -> None:
         if self.nats_server is not None:
             self.nats_server.stop()
+        if self.sink is not None:
+            self.sink.stop()
         if self.owned_dir and not self.opts.keep:
             shutil.rmtree(self.workdir, ignore_errors=True)
 

@@ -22,6 +22,11 @@ class Head(msgspec.Struct, frozen=True):
     #: The client's token (server/auth.py), never logged.  Any type decodes, so a
     #: server without auth ignores whatever a client puts here, as before.
     auth: Any = None
+    #: W3C trace context of the caller (an extension, docs/protocol.md): continued
+    #: by the request's span with tracing on, ignored with it off.  Any type
+    #: decodes, so that a malformed one never refuses a request.
+    traceparent: Any = None
+    tracestate: Any = None
 
 
 class Envelope(msgspec.Struct, frozen=True):

@@ -32,7 +32,7 @@ from troth.server.cluster import Cluster
 from troth.server.config import Settings, cors_origins
 from troth.server.cors import Cors, served
 from troth.server.delivery import DeliveryLoop
-from troth.server.engine import Engine
+from troth.server.engine import Engine, Traced
 from troth.server.logs import FIELDS, access_fields
 from troth.server.metrics import Metrics
 from troth.server.nats import NatsIngress
@@ -109,6 +109,9 @@ class Admitted:
     now: int
     head: dict[str, Any]
     debug_time: int | None
+    #: What the request's job runs after the machine with tracing on
+    #: (``server/tracing.py``: ``TracedAdmitted``); None with it off.
+    traced: Traced | None = None
 
 
 class Answered(Protocol):
@@ -437,7 +440,9 @@ class App:
             return None
         later = functools.partial(self._committed, admitted, done)
         try:
-            response = self.engine.submit(admitted.req, admitted.now, admitted.head, later)
+            response = self.engine.submit(
+                admitted.req, admitted.now, admitted.head, later, admitted.traced
+            )
             if response is None:
                 return None  # _committed answers, after the commit
             return self.conclude(admitted, response)
@@ -495,7 +500,11 @@ class App:
         debug_time = env.head.debug_time
         if self.settings.debug and debug_time is not None:
             now = debug_time
-        return Admitted(kind, corr, req, now, {"version": env.head.version}, debug_time)
+        head: dict[str, Any] = {"version": env.head.version}
+        if env.head.traceparent is not None:  # for server/tracing.py, if it is on
+            head["traceparent"] = env.head.traceparent
+            head["tracestate"] = env.head.tracestate
+        return Admitted(kind, corr, req, now, head, debug_time)
 
     async def dispatch(self, admitted: Admitted) -> Response:
         """The admitted request served: by the debug surface, the bounce tracker
@@ -505,7 +514,7 @@ class App:
             return await self.debug(kind, req, admitted.debug_time)
         if isinstance(req, rq.TaskRelease):
             return await self.release(req, admitted.now, admitted.head)
-        return await self.engine.request(req, admitted.now, admitted.head)
+        return await self.engine.request(req, admitted.now, admitted.head, admitted.traced)
 
     def conclude(self, admitted: Admitted, response: Response) -> Answer:
         """What follows the engine's response: a worker's report remembered, a grant

@@ -69,6 +69,10 @@ DEADLINE = 5.0
 DEADLINE_CHECK = 0.25
 
 
+#: What runs in a traced request's job after the machine (``Engine.submit``).
+Traced = Callable[[Overlay], None]
+
+
 def wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -279,22 +283,39 @@ class Engine:
             self._queue.put(work)
         return (await done).result()
 
-    async def request(self, req: rq.Req, now: int, head: dict[str, Any]) -> Response:
+    async def request(
+        self, req: rq.Req, now: int, head: dict[str, Any], traced: Traced | None = None
+    ) -> Response:
         """Serve one protocol request (see :meth:`submit`)."""
         fut: asyncio.Future[Outcome[Response]] = asyncio.get_running_loop().create_future()
-        response = self.submit(req, now, head, functools.partial(_resolve, fut))
+        response = self.submit(req, now, head, functools.partial(_resolve, fut), traced)
         return response if response is not None else (await fut).result()
 
-    def submit(self, req: rq.Req, now: int, head: dict[str, Any], done: Done) -> Response | None:
+    def submit(
+        self,
+        req: rq.Req,
+        now: int,
+        head: dict[str, Any],
+        done: Done,
+        traced: Traced | None = None,
+    ) -> Response | None:
         """One protocol request: its response at once where nothing has to wait (a
         point read on SQLite), else None, and ``done`` gets its job's outcome on the
-        event loop later.  Raises what a point read's job raised."""
+        event loop later.  Raises what a point read's job raised.
+
+        ``traced`` (tracing on, ``server/tracing.py``) runs in the request's job after
+        the machine, in its transaction: it reads the trace context the request joins
+        and gives the promises the job wrote their own.  Off, it is None and each
+        job pays one test of it."""
 
         if type(req) in READ_ONLY:
             # A read touches nothing: served off the writer (docs/architecture.md,
             # "Reads"), not queued behind its batches of writes.
             def reading(tx: Overlay) -> Response:
-                return read(tx, req, now)
+                response = read(tx, req, now)
+                if traced is not None:
+                    traced(tx)
+                return response
 
             if isinstance(req, POINT_READS) and self.store.inline_reads:
                 try:
@@ -308,7 +329,10 @@ class Engine:
             return None
 
         def job(tx: Overlay) -> Response:
-            return handle(tx, req, now, self.config, head)
+            response = handle(tx, req, now, self.config, head)
+            if traced is not None:
+                traced(tx)
+            return response
 
         keys = self._keys(req)
         self._enqueue(job, now, keys, False, done, settled_keys(req, keys) if keys else ())

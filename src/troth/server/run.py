@@ -104,6 +104,7 @@ def build_app(settings: Settings, store: Store | None = None) -> App:
         from troth.server import tracing as otel
 
         tracing = otel.enable(node)
+        tracing.lookup = otel.reader(engine.store)
         senders = {scheme: tracing.sender(sender) for scheme, sender in senders.items()}
         http.propagate = otel.inject
         engine.on_timer = tracing.timer

@@ -14,6 +14,18 @@ the service is ``troth`` unless they name it):
 * one per timer pass that fired (``timer``: how many steps, how late) and one per
   retention batch (``retention``: workflows and rows deleted).
 
+A workflow is one trace (docs/operations.md, "Tracing").  The published SDKs send no
+trace context, so the server keeps it: a request that creates promises stores its
+own span's ``traceparent`` with each (``promises.trace``, a column the SDKs never
+see), and a request that names a promise and brings no ``traceparent`` of its own
+(in the HTTP headers or the envelope's ``head``) joins the trace stored with the
+promise it acts for (:func:`anchors`) — a task's acquire, fence, suspend and fulfil
+join the span that created the task's promise; children created by a fence join the
+fence.  A delivery attempt's span is a child of the span that created the promise
+it delivers for.  The stored context is read in the request's own job (its
+transaction: the writer's, or a reader's) and remembered by the node
+(:class:`Known`), so a workflow served by one node reads it once per promise.
+
 Off by default, and then nothing of this module runs: the server builds
 :class:`troth.server.app.App`, whose request path has no check for tracing at all;
 this module, and OpenTelemetry with it, is imported only when tracing is on.  On, the
@@ -25,10 +37,12 @@ access log (no span object lives while the request is served).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
+import re
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 from opentelemetry import trace
@@ -37,6 +51,7 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.resources import SERVICE_INSTANCE_ID, SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
@@ -44,9 +59,12 @@ from troth import redact
 from troth.machine.core import request_ids
 from troth.outbox.rows import OutboxRow
 from troth.outbox.types import Completed, Dispatched, OutboxSender
-from troth.protocol.records import Execute
+from troth.protocol import requests as rq
+from troth.protocol.records import TAG_PARENT, Execute
+from troth.protocol.requests import BadRequest, decode_data
 from troth.server import logs
 from troth.server.app import Admitted, Answer, Answered, App
+from troth.store.base import Overlay, ReadOnly, Store
 from troth.store.retention import Swept
 
 log = logging.getLogger("troth.tracing")
@@ -56,12 +74,101 @@ SCOPE = "troth"
 _propagator = TraceContextTextMapPropagator()
 
 
+#: How many promises' trace contexts a node remembers (:class:`Known`).
+KNOWN = 65536
+_random = RandomIdGenerator()
+
+
+def traceparent(trace_id: int, span_id: int) -> str:
+    """A sampled W3C ``traceparent``."""
+    return f"00-{trace_id:032x}-{span_id:016x}-01"
+
+
+#: Requests whose ``id`` is a schedule's, not a promise's.
+_SCHEDULES = frozenset((rq.ScheduleGet, rq.ScheduleCreate, rq.ScheduleDelete))
+
+
+def anchors(req: rq.Req) -> tuple[str, ...]:
+    """The promises whose stored trace a request joins when its caller sent none,
+    first found first: the task a task request acts for (a task's id is its
+    promise's), the promise a promise request names — and for a create, the
+    ``resonate:parent`` its tags name (a child created without a fence).  A
+    heartbeat joins its task's trace only when it names one task: it is the SDK
+    process's, for every task it holds."""
+    if isinstance(req, rq.PromiseRegisterCallback):
+        return (req.awaiter, req.awaited)
+    if isinstance(req, rq.PromiseRegisterListener):
+        return (req.awaited,)
+    if isinstance(req, rq.TaskHeartbeat):  # a process's, for all of its tasks
+        return (req.tasks[0].id,) if len(req.tasks) == 1 else ()
+    tags: Mapping[str, str] | None = None
+    if isinstance(req, rq.PromiseCreate):
+        tags = req.tags
+    elif isinstance(req, rq.TaskCreate) and req.action.kind == "promise.create":
+        try:
+            inner = decode_data("promise.create", req.action.data)
+        except BadRequest:
+            return ()
+        if isinstance(inner, rq.PromiseCreate):
+            req, tags = inner, inner.tags
+    id = getattr(req, "id", None)
+    if not isinstance(id, str) or type(req) in _SCHEDULES:
+        return ()
+    parent = tags.get(TAG_PARENT) if tags else None
+    if isinstance(parent, str) and parent != id:
+        return (id, parent)
+    return (id,)
+
+
+class Known:
+    """The trace contexts a node has stored or read, by promise id, the oldest
+    forgotten first beyond :data:`KNOWN`: a workflow on one node reads each from the
+    store once.  Written on the event loop only; the writer thread only reads it."""
+
+    def __init__(self, limit: int = KNOWN) -> None:
+        self.limit = limit
+        self.traces: dict[str, str] = {}
+
+    def get(self, id: str) -> str | None:
+        return self.traces.get(id)
+
+    def put(self, id: str, trace: str) -> None:
+        traces = self.traces
+        traces[id] = trace
+        if len(traces) > self.limit:
+            del traces[next(iter(traces))]
+
+
+class PresetIds(IdGenerator):
+    """Random ids, except for the next span when the server chose its ids before the
+    span was made: a request's span id is in the trace contexts its job stored."""
+
+    def __init__(self) -> None:
+        self.span_id = 0
+        self.trace_id = 0
+
+    def preset(self, trace_id: int, span_id: int) -> None:
+        self.trace_id, self.span_id = trace_id, span_id
+
+    def clear(self) -> None:
+        self.trace_id = self.span_id = 0
+
+    def generate_span_id(self) -> int:
+        return self.span_id or _random.generate_span_id()
+
+    def generate_trace_id(self) -> int:
+        return self.trace_id or _random.generate_trace_id()
+
+
 class TracedAdmitted(Admitted):
-    """An admitted request and the trace context its caller sent (None: a root)."""
+    """An admitted request with its trace: the context its caller sent (None: none),
+    the ids its span will have, and what its job found and wrote (:meth:`joined`,
+    ``wrote``: set on the writer or a reader thread, read on the event loop after
+    the job's outcome was delivered)."""
 
-    __slots__ = ("parent",)
+    __slots__ = ("joined", "parent", "span_id", "trace_id", "wrote")
 
-    def __init__(self, admitted: Admitted, parent: Context | None) -> None:
+    def __init__(self, admitted: Admitted, parent: Context | None, tracing: Tracing) -> None:
         super().__init__(
             admitted.kind,
             admitted.corr,
@@ -69,8 +176,18 @@ class TracedAdmitted(Admitted):
             admitted.now,
             admitted.head,
             admitted.debug_time,
+            functools.partial(tracing.resolve, self),
         )
         self.parent = parent
+        if parent is not None:
+            self.trace_id = trace.get_current_span(parent).get_span_context().trace_id
+        else:
+            self.trace_id = _random.generate_trace_id()
+        self.span_id = _random.generate_span_id()
+        #: ``(promise id, traceparent)``: the stored trace the request joined.
+        self.joined: tuple[str, str] | None = None
+        #: Promises the job created (they keep this request's span as their trace).
+        self.wrote: tuple[str, ...] = ()
 
 
 class Tracing:
@@ -80,22 +197,74 @@ class Tracing:
         resource = Resource.create({SERVICE_INSTANCE_ID: node})
         if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
             resource = resource.merge(Resource({SERVICE_NAME: "troth"}))
-        self.provider = TracerProvider(resource=resource)
+        self.ids = PresetIds()
+        self.provider = TracerProvider(resource=resource, id_generator=self.ids)
         self.provider.add_span_processor(BatchSpanProcessor(exporter or OTLPSpanExporter()))
         self.tracer = self.provider.get_tracer(SCOPE)
         self.node = node
+        self.known = Known()
+        #: Reads a promise's stored trace off the request path (a delivery of a
+        #: promise this node has not seen): set by the server (``run.py``).
+        self.lookup: Callable[[str], Awaitable[str | None]] | None = None
 
-    def parent(self, headers: Iterable[tuple[bytes, bytes]]) -> Context | None:
-        """The context a ``traceparent`` (and ``tracestate``) header names, or None."""
+    def parent(
+        self, headers: Iterable[tuple[bytes, bytes]], head: Mapping[str, Any]
+    ) -> Context | None:
+        """The context a ``traceparent`` (and ``tracestate``) names — the HTTP
+        header's, else the envelope head's — or None."""
         carrier: dict[str, str] = {}
         for name, value in headers:
             if name.lower() in (b"traceparent", b"tracestate"):
                 carrier[name.decode("latin-1").lower()] = value.decode("latin-1")
         if "traceparent" not in carrier:
-            return None
-        context = _propagator.extract(carrier)
-        # An unparsable traceparent yields an empty context: the span is a root.
-        return context if trace.get_current_span(context).get_span_context().is_valid else None
+            sent = head.get("traceparent")
+            if not isinstance(sent, str):
+                return None
+            carrier["traceparent"] = sent
+            state = head.get("tracestate")
+            if isinstance(state, str):
+                carrier["tracestate"] = state
+        return _context(carrier)
+
+    def resolve(self, admitted: TracedAdmitted, tx: Overlay) -> None:
+        """In the request's job, after the machine (``Engine.submit``'s ``traced``):
+        the stored trace the request joins, when its caller sent none, and this
+        request's own span as the trace of each promise the job created.  A job that
+        runs again (a PostgreSQL batch re-run) finds and writes the same."""
+        if admitted.parent is None:
+            known, backend = self.known, tx.backend
+            for id in anchors(admitted.req):
+                stored = known.get(id) or backend.get_trace(id)
+                if stored is not None and _TRACEPARENT.fullmatch(stored):
+                    admitted.joined = (id, stored)
+                    admitted.trace_id = int(stored[3:35], 16)
+                    break
+        if isinstance(tx, ReadOnly) or not tx.writes.promises:
+            return
+        now = admitted.now
+        created = [id for id, p in tx.writes.promises.items() if p.created_at == now]
+        if created:
+            own = traceparent(admitted.trace_id, admitted.span_id)
+            tx.writes.traces = dict.fromkeys(created, own)
+            admitted.wrote = tuple(created)
+
+    def context_of(self, admitted: TracedAdmitted) -> Context:
+        """The context a request's span is made in: its caller's, or the stored trace
+        it joined (its job's; or, for a request whose job has no trace step — a
+        ``task.release`` — what this node remembers), or none (a root)."""
+        if admitted.parent is not None:
+            return admitted.parent
+        joined = admitted.joined
+        if joined is None and not admitted.wrote:
+            for id in anchors(admitted.req):
+                stored = self.known.get(id)
+                if stored is not None:
+                    joined = (id, stored)
+                    admitted.trace_id = int(stored[3:35], 16)
+                    break
+        if joined is None:
+            return Context()
+        return _context({"traceparent": joined[1]}) or Context()
 
     def request(self, answer: Answer, started: float, via: str) -> trace.Span:
         """The span of one answered request, begun when it arrived (``started``, the
@@ -103,7 +272,17 @@ class Tracing:
         end = time.time_ns()
         start = end - int((time.perf_counter() - started) * 1e9)
         kind, corr, status, _, admitted = answer
-        parent = admitted.parent if isinstance(admitted, TracedAdmitted) else None
+        parent = Context()
+        if isinstance(admitted, TracedAdmitted):
+            parent = self.context_of(admitted)
+            self.ids.preset(admitted.trace_id, admitted.span_id)
+            known = self.known
+            if admitted.joined is not None:
+                known.put(*admitted.joined)
+            if admitted.wrote and status < 500:
+                own = traceparent(admitted.trace_id, admitted.span_id)
+                for id in admitted.wrote:
+                    known.put(id, own)
         attributes: dict[str, Any] = {
             "troth.kind": kind,
             "troth.corr_id": corr,
@@ -114,9 +293,12 @@ class Tracing:
             attributes["troth.ids"] = list(request_ids(admitted.req))
         if via:
             attributes["troth.via"] = via.strip()
-        span = self.tracer.start_span(
-            kind, context=parent, kind=SpanKind.SERVER, attributes=attributes, start_time=start
-        )
+        try:
+            span = self.tracer.start_span(
+                kind, context=parent, kind=SpanKind.SERVER, attributes=attributes, start_time=start
+            )
+        finally:
+            self.ids.clear()
         if status >= 500:
             span.set_status(Status(StatusCode.ERROR, f"status {status}"))
         return span
@@ -183,6 +365,19 @@ class TracedSender:
 
     async def send(self, row: OutboxRow) -> Dispatched:
         message = row.message
+        id = message.task_id if isinstance(message, Execute) else message.promise.id
+        tracing = self.tracing
+        stored = tracing.known.get(id)
+        if stored is None and tracing.lookup is not None:
+            try:
+                stored = await tracing.lookup(id)
+            except Exception as exc:  # the delivery goes ahead, as a root span
+                log.debug("could not read the trace of %s: %s", id, exc)
+            if stored is not None:
+                tracing.known.put(id, stored)
+        parent = Context()
+        if stored is not None:
+            parent = _context({"traceparent": stored}) or parent
         attributes: dict[str, Any] = {
             "troth.address": redact.url(row.address),
             "troth.outbox.key": row.key,
@@ -196,8 +391,8 @@ class TracedSender:
         else:
             name = "deliver unblock"
             attributes["troth.promise.id"] = message.promise.id
-        with self.tracing.tracer.start_as_current_span(
-            name, context=Context(), kind=SpanKind.CLIENT, attributes=attributes
+        with tracing.tracer.start_as_current_span(
+            name, context=parent, kind=SpanKind.CLIENT, attributes=attributes
         ) as span:
             outcome = await self.inner.send(row)
             span.set_attribute("troth.outcome", type(outcome).__name__.lower())
@@ -207,6 +402,17 @@ class TracedSender:
             if not isinstance(outcome, Completed):
                 span.set_status(Status(StatusCode.ERROR, code or ""))
             return outcome
+
+
+#: A ``traceparent`` as this server writes it (version 00, lowercase hex).
+_TRACEPARENT = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
+
+
+def _context(carrier: Mapping[str, str]) -> Context | None:
+    """The context a W3C carrier names, or None when it does not parse (the span is
+    then a root)."""
+    context = _propagator.extract(carrier)
+    return context if trace.get_current_span(context).get_span_context().is_valid else None
 
 
 def inject(headers: dict[str, str]) -> None:
@@ -237,7 +443,7 @@ class TracedApp(App):
     def admit(self, body: bytes, headers: Iterable[tuple[bytes, bytes]]) -> Answer | Admitted:
         got = super().admit(body, headers)
         if isinstance(got, Admitted):
-            return TracedAdmitted(got, self.tracing.parent(headers))
+            return TracedAdmitted(got, self.tracing.parent(headers, got.head), self.tracing)
         return got
 
     async def shutdown(self) -> None:
@@ -245,6 +451,16 @@ class TracedApp(App):
         await super().shutdown()
         if was:
             await self.tracing.close()
+
+
+def reader(store: Store) -> Callable[[str], Awaitable[str | None]]:
+    """:attr:`Tracing.lookup` over ``store``: a read snapshot of its own, in a thread
+    (``Store.inspect``), never the writer's."""
+
+    async def lookup(id: str) -> str | None:
+        return await asyncio.to_thread(store.inspect, lambda view: view.trace(id))
+
+    return lookup
 
 
 def enable(node: str) -> Tracing:

@@ -90,6 +90,12 @@ class Backend(ABC):
     def apply(self, writes: Writes, now: int) -> None:
         """Write one job's effects; outbox entries are keyed upserts of *pending* rows."""
 
+    def get_trace(self, id: str) -> str | None:
+        """The trace context promise ``id`` was created in (``Writes.traces``), or
+        None: tracing was off then, or there is no such promise.  Asked only with
+        tracing on (``server/tracing.py``); a store that keeps none has none."""
+        return None
+
 
 class Overlay:
     """A job's private view: its own writes over the shared transaction.

@@ -13,7 +13,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import msgspec
 
@@ -70,6 +70,10 @@ class Inspection(ABC):
 
     @abstractmethod
     def schedule(self, id: str) -> Schedule | None: ...
+
+    def trace(self, id: str) -> str | None:
+        """The trace context promise ``id`` was created in (``Backend.get_trace``)."""
+        return None
 
     @abstractmethod
     def tree(self, origin: str, limit: int = TREE_LIMIT) -> list[Promise]:
@@ -180,6 +184,10 @@ class SqlInspection(Inspection):
         r = self._one("task", id)
         return None if r is None else self.codec.task(r)
 
+    def trace(self, id: str) -> str | None:
+        r = self._one("trace", id)
+        return None if r is None else cast(str | None, r[0])
+
     def tasks(self, ids: Sequence[str]) -> dict[str, Task]:
         found: dict[str, Task] = {}
         unique = list(dict.fromkeys(ids))
@@ -263,6 +271,7 @@ def _queries(p: str) -> dict[str, str]:
     """The inspection queries with ``p`` as the placeholder (``?`` or ``%s``)."""
     return {
         "promise": f"SELECT {PROMISE_COLS} FROM promises WHERE id = {p}",
+        "trace": f"SELECT trace FROM promises WHERE id = {p}",
         "task": f"SELECT {TASK_COLS} FROM tasks WHERE id = {p}",
         "schedule": f"SELECT {SCHEDULE_COLS} FROM schedules WHERE id = {p}",
         "tree": f"SELECT {PROMISE_COLS} FROM promises WHERE origin = {p} ORDER BY id LIMIT {p}",

@@ -54,6 +54,8 @@ def _scan(rows: dict[str, V], match: Callable[[V], bool], after: str | None, lim
 class MemoryBackend(Backend):
     def __init__(self) -> None:
         self.promises: dict[str, Promise] = {}
+        #: Trace contexts by promise id (``Writes.traces``; tracing on).
+        self.traces: dict[str, str] = {}
         self.tasks: dict[str, Task] = {}
         self.schedules: dict[str, Schedule] = {}
         self.outbox: dict[int, OutboxRow] = {}
@@ -72,6 +74,9 @@ class MemoryBackend(Backend):
 
     def get_task(self, id: str) -> Task | None:
         return self.tasks.get(id)
+
+    def get_trace(self, id: str) -> str | None:
+        return self.traces.get(id)
 
     def get_schedule(self, id: str) -> Schedule | None:
         return self.schedules.get(id)
@@ -171,6 +176,9 @@ class MemoryBackend(Backend):
                 self.undrained.add(p.id)
             else:
                 self.undrained.discard(p.id)
+        if writes.traces:
+            for id, trace in writes.traces.items():
+                self.traces.setdefault(id, trace)
         for t in writes.tasks.values():
             self.tasks[t.id] = t
             d = task_deadline(t)
@@ -360,6 +368,9 @@ class MemoryInspection(Inspection):
     def task(self, id: str) -> Task | None:
         return self.b.tasks.get(id)
 
+    def trace(self, id: str) -> str | None:
+        return self.b.traces.get(id)
+
     def schedule(self, id: str) -> Schedule | None:
         return self.b.schedules.get(id)
 
@@ -459,6 +470,7 @@ class MemoryRetention(Retention):
             b.tasks.pop(id, None)
         for p in tree.promises:
             b.promises.pop(p.id, None)
+            b.traces.pop(p.id, None)
             b.undrained.discard(p.id)
             branch = p.tags.get(TAG_BRANCH)
             if branch and branch in b.branches:

@@ -19,6 +19,11 @@ class Writes:
     #: (the job's ``now``): the server's backoff of a task that keeps bouncing
     #: (``server/bounces.py``).  Set by the server after the machine ran, never by it.
     available_at: dict[str, int] = field(default_factory=dict)
+    #: The trace context (W3C ``traceparent``) to keep with the promises this job
+    #: wrote, by id, where a promise has none yet: set by the server after the
+    #: machine ran, with tracing on (``server/tracing.py``); None (no dict made for
+    #: every job) with it off.
+    traces: dict[str, str] | None = None
 
     def __bool__(self) -> bool:
         return bool(self.promises or self.tasks or self.schedules or self.messages)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Collection, Iterable, Sequence
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypeVar, cast
 
 import psycopg
 from psycopg.pq import TransactionStatus
@@ -97,6 +97,12 @@ def _message_row(
     """The codec's message row plus its parsed ``poll://`` destination (claims route
     on it: ``claim_routed``)."""
     return CODEC.message_row(key, entry, now, available_at) + CODEC.destination(entry.address)
+
+
+def _traces_statement(traces: dict[str, str]) -> tuple[str, list[list[Any]]]:
+    """One ``set_traces`` for ``Writes.traces`` (ids sorted: the rows' lock order)."""
+    ids = sorted(traces)
+    return Q["set_traces"], [TextArray(ids), TextArray([traces[id] for id in ids])]
 
 
 def _messages_statement(rows: Sequence[tuple[Any, ...]]) -> tuple[str, list[list[Any]]]:
@@ -252,6 +258,8 @@ class PostgresBackend(Backend):
         self.pending_promises: dict[str, tuple[tuple[Any, ...], bool]] = {}
         self.pending_tasks: dict[str, tuple[tuple[Any, ...], bool]] = {}
         self.pending_schedules: list[tuple[str, Any]] = []
+        #: Deferred ``Writes.traces`` (tracing on), by promise id: the first kept.
+        self.pending_traces: dict[str, str] = {}
         self.pending_messages: dict[str, tuple[Any, ...]] = {}
 
     @staticmethod
@@ -311,6 +319,9 @@ class PostgresBackend(Backend):
                 if rows:
                     statements.append((sql, _columns(rows, flags)))
             pending.clear()
+        if self.pending_traces:
+            statements.append(_traces_statement(self.pending_traces))
+            self.pending_traces = {}
         statements += self.pending_schedules
         self.pending_schedules = []
         if self.pending_messages:
@@ -463,6 +474,16 @@ class PostgresBackend(Backend):
     def get_promise(self, id: str) -> Promise | None:
         return self._point("promises", id, (id,), CODEC.promise, self.promises)
 
+    def get_trace(self, id: str) -> str | None:
+        """Not locked, and not flushed first: a promise whose insert is still deferred
+        was written by a job of this batch, whose trace (if it had one) is deferred
+        with it."""
+        pending = self.pending_traces.get(id)
+        if pending is not None or NUL in id:
+            return pending
+        r = self.cur.execute(Q["get_trace"], (id,)).fetchone()
+        return None if r is None else cast(str | None, r[0])
+
     def get_task(self, id: str) -> Task | None:
         if id not in self.tasks:
             self.touched["promises"].add(id)  # its promise is locked first (queries.sql)
@@ -603,6 +624,8 @@ class PostgresBackend(Backend):
             for id in sorted(writes.tasks):
                 sql = Q["insert_task"] if seen_t.get(id) is False else Q["upsert_task"]
                 statements.append((sql, CODEC.task_row(writes.tasks[id])))
+            if writes.traces:
+                statements.append(_traces_statement(writes.traces))
             statements += self._schedule_statements(writes)
             if writes.messages:
                 held = writes.available_at
@@ -653,6 +676,9 @@ class PostgresBackend(Backend):
             insert = earlier[1] if earlier else self.seen_tasks.get(id) is False
             self.pending_tasks[id] = (CODEC.task_row(t), insert)
         self.pending_schedules += self._schedule_statements(writes)
+        if writes.traces:
+            for id, trace in writes.traces.items():
+                self.pending_traces.setdefault(id, trace)
         held = writes.available_at
         for key, entry in writes.messages.items():
             self.pending_messages.pop(key, None)  # a newer message goes to the back

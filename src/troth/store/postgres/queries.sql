@@ -377,3 +377,13 @@ SELECT node, grp, pid, since FROM connections ORDER BY grp, pid, node
 
 -- name: ops_groups
 SELECT grp, seen_at FROM worker_groups ORDER BY grp
+
+-- The trace context a promise was created in (tracing on: server/tracing.py).
+-- name: get_trace
+SELECT trace FROM promises WHERE id = %s
+
+-- Kept from the first traced request that wrote each promise: a later one (a
+-- settle, a re-create that deduplicates) leaves it.
+-- name: set_traces
+UPDATE promises SET trace = t.trace FROM unnest(%b::text[], %b::text[]) AS t (id, trace)
+    WHERE promises.id = t.id AND promises.trace IS NULL

@@ -138,3 +138,12 @@ SELECT min(available_at) FROM outbox WHERE state = 'pending'
 -- name: expedite
 UPDATE outbox SET available_at = created_at
 WHERE key = ? AND state = 'pending' AND available_at > created_at
+
+-- The trace context a promise was created in (tracing on: server/tracing.py).
+-- name: get_trace
+SELECT trace FROM promises WHERE id = ?
+
+-- Kept from the first traced request that wrote the promise: a later one (a settle,
+-- a re-create that deduplicates) leaves it.
+-- name: set_trace
+UPDATE promises SET trace = ? WHERE id = ? AND trace IS NULL

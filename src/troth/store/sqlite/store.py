@@ -15,7 +15,7 @@ import sqlite3
 import threading
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Final, Protocol, TypeVar
+from typing import Any, Final, Protocol, TypeVar, cast
 
 from troth.outbox.rows import OutboxRow
 from troth.protocol.records import PENDING, TAG_ORIGIN, Promise, Schedule, Tags, Task
@@ -201,6 +201,10 @@ class SqliteBackend(Backend):
         r = self.conn.execute(_Q["get_schedule"], (id,)).fetchone()
         return None if r is None else _CODEC.schedule(r)
 
+    def get_trace(self, id: str) -> str | None:
+        r = self.conn.execute(_Q["get_trace"], (id,)).fetchone()
+        return None if r is None else cast(str | None, r[0])
+
     def scan_promises(
         self, states: Collection[str] | None, tags: Tags, after: str | None, limit: int
     ) -> list[Promise]:
@@ -289,6 +293,9 @@ class SqliteBackend(Backend):
                     execute(_Q["settle_promise"], _CODEC.settle_row(p))
                     continue
             execute(_Q["upsert_promise"], _CODEC.promise_row(p))
+        if writes.traces:
+            for id, trace in writes.traces.items():
+                execute(_Q["set_trace"], (trace, id))
         for t in writes.tasks.values():
             execute(_Q["upsert_task"], _CODEC.task_row(t))
         for id, s in writes.schedules.items():
