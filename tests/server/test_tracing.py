@@ -108,6 +108,10 @@ def test_requests_deliveries_timer_and_retention_have_spans(receiver: Receiver) 
     assert request.attributes["troth.ids"] == ["wf"]
     assert request.attributes["troth.status"] == 200
     assert request.attributes["troth.kind"] == "promise.create"
+    # Where its time went: queued for a batch, then in the store until answered.
+    queue, store = request.attributes["troth.queue_ms"], request.attributes["troth.store_ms"]
+    assert queue >= 0 and store > 0
+    assert (queue + store) * 1e6 <= request.end_ns - request.start_ns + 1e6
     assert request.resource["service.name"] == "troth-under-test"
     assert request.end_ns > request.start_ns
 

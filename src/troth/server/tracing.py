@@ -166,7 +166,7 @@ class TracedAdmitted(Admitted):
     ``wrote``: set on the writer or a reader thread, read on the event loop after
     the job's outcome was delivered)."""
 
-    __slots__ = ("joined", "parent", "span_id", "trace_id", "wrote")
+    __slots__ = ("joined", "parent", "ran", "span_id", "trace_id", "wrote")
 
     def __init__(self, admitted: Admitted, parent: Context | None, tracing: Tracing) -> None:
         super().__init__(
@@ -188,6 +188,8 @@ class TracedAdmitted(Admitted):
         self.joined: tuple[str, str] | None = None
         #: Promises the job created (they keep this request's span as their trace).
         self.wrote: tuple[str, ...] = ()
+        #: When its job ran in the store (``perf_counter``; 0: it had none).
+        self.ran = 0.0
 
 
 class Tracing:
@@ -231,6 +233,7 @@ class Tracing:
         the stored trace the request joins, when its caller sent none, and this
         request's own span as the trace of each promise the job created.  A job that
         runs again (a PostgreSQL batch re-run) finds and writes the same."""
+        admitted.ran = time.perf_counter()
         if admitted.parent is None:
             known, backend = self.known, tx.backend
             for id in anchors(admitted.req):
@@ -291,6 +294,11 @@ class Tracing:
         }
         if admitted is not None:
             attributes["troth.ids"] = list(request_ids(admitted.req))
+        if isinstance(admitted, TracedAdmitted) and admitted.ran:
+            # Queued (arrival → its job ran in a batch) and in the store (→ the
+            # batch committed and the answer was back on the event loop).
+            attributes["troth.queue_ms"] = round((admitted.ran - started) * 1000, 3)
+            attributes["troth.store_ms"] = round((time.perf_counter() - admitted.ran) * 1000, 3)
         if via:
             attributes["troth.via"] = via.strip()
         try:
