@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import re
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -49,6 +48,7 @@ import pytest
 
 from helpers import netns
 from helpers.cluster import Node, granted_twice, live_nodes, query, swarm_value
+from helpers.probes import Probes
 from helpers.sdk_env import Proc, Procs, PythonSdk, build_python_sdk, children_of_test
 from helpers.sse import stream
 from helpers.support import VERSION
@@ -136,44 +136,19 @@ def ready(node: Node, since: float) -> Answer:
     return Answer(sent - since, "ready", status, time.monotonic() - sent, None, payload)
 
 
-class Prober:
-    """Requests to the cut node from threads of their own, one every half second
-    each, for as long as the cut lasts: a write (a promise of its own), a read, and
-    ``/ready``."""
+def probes(node: Node, since: float) -> Probes[Answer]:
+    """Requests to the cut node, one of each kind every half second for as long as
+    the cut lasts: a write (a promise of its own), a read, and ``/ready``."""
 
-    def __init__(self, node: Node, since: float) -> None:
-        self.node, self.since = node, since
-        self.answers: list[Answer] = []
-        self.stopping = threading.Event()
-        self.threads = [
-            threading.Thread(target=self._loop, args=(kind,), daemon=True)
-            for kind in ("write", "read", "ready")
-        ]
+    def write(i: int) -> Answer:
+        data = {"id": f"probe-{i}", "timeoutAt": 10**13, "tags": {}}
+        return call(node, "promise.create", data, f"probe-{i}", since)
 
-    def __enter__(self) -> Prober:
-        for t in self.threads:
-            t.start()
-        return self
+    def read(i: int) -> Answer:
+        return call(node, "promise.get", {"id": "probe-0"}, f"get-{i}", since)
 
-    def __exit__(self, *_: object) -> None:
-        self.stopping.set()
-        for t in self.threads:
-            t.join(3 * LIMIT_S)
-
-    def _loop(self, kind: str) -> None:
-        i = 0
-        while not self.stopping.is_set():
-            i += 1
-            if kind == "write":
-                id = f"probe-{i}"
-                data = {"id": id, "timeoutAt": 10**13, "tags": {}}
-                answer = call(self.node, "promise.create", data, id, self.since)
-            elif kind == "read":
-                answer = call(self.node, "promise.get", {"id": "probe-0"}, f"get-{i}", self.since)
-            else:
-                answer = ready(self.node, self.since)
-            self.answers.append(answer)
-            self.stopping.wait(0.5)
+    kinds = {"write": write, "read": read, "ready": lambda _: ready(node, since)}
+    return Probes(kinds, every=0.5, join=3 * LIMIT_S)
 
 
 @pytest.fixture(scope="module")
@@ -244,7 +219,7 @@ def test_a_node_cut_from_its_database_fails_fast_and_strands_nothing(
             listen = {"awaited": f"held-{i}", "address": LISTENER}
             assert n2.call("promise.register_listener", listen)[0] == 200
         started = time.monotonic()
-        with Prober(n1, started) as during:
+        with probes(n1, started) as during:
             with netns.cut(ns, pg.port):
                 procs.wait_for(
                     "n2 to take n1 for dead", lambda: "n1" not in live_nodes(host_url), 20

@@ -17,7 +17,7 @@ writes succeed; every write answered 200, before, during or after, is stored.
 
 from __future__ import annotations
 
-import threading
+import functools
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -31,6 +31,7 @@ import pytest
 from helpers.cluster import Node, query
 from helpers.pgbouncer import Bouncer, needs_pgbouncer, pgbouncer
 from helpers.pgcluster import PgCluster, ctl, needs_pg_createcluster, throwaway_cluster
+from helpers.probes import Probes
 from helpers.sdk_env import Procs, children_of_test
 from helpers.support import VERSION
 
@@ -56,60 +57,42 @@ class Answer:
     data: Any
 
 
-class Prober:
-    """A write (a promise of its own), ``/ready`` and ``/health`` against the node,
-    each every quarter second from a thread of its own, until the block ends."""
+def probe(node: Node, what: str, i: int) -> Answer:
+    """One timed request (never raises: no answer is status 0): a write of a promise
+    of its own, or GET ``/ready`` or ``/health``."""
+    sent = time.monotonic()
+    try:
+        if what == "write":
+            id = f"w-{i}"
+            data = {"id": id, "timeoutAt": 10**13, "tags": {}}
+            envelope = {
+                "kind": "promise.create",
+                "head": {"corrId": id, "version": VERSION},
+                "data": data,
+            }
+            r = httpx.post(f"{node.url}/", json=envelope, timeout=3 * LIMIT_S)
+            body = r.json()
+            status, payload = int(body["head"]["status"]), body["data"]
+            what = id
+        else:
+            r = httpx.get(f"{node.url}/{what}", timeout=3 * LIMIT_S)
+            status, payload = r.status_code, r.json()
+    except (httpx.HTTPError, ValueError) as exc:
+        status, payload = 0, repr(exc)
+    return Answer(sent, what, status, time.monotonic() - sent, payload)
 
-    def __init__(self, node: Node) -> None:
-        self.node = node
-        self.answers: list[Answer] = []
-        self.stopping = threading.Event()
-        self.threads = [
-            threading.Thread(target=self._loop, args=(what,), daemon=True)
-            for what in ("write", "ready", "health")
-        ]
 
-    def __enter__(self) -> Prober:
-        for t in self.threads:
-            t.start()
-        return self
+def probes(node: Node) -> Probes[Answer]:
+    """A write, ``/ready`` and ``/health`` against the node, each every quarter
+    second, until the block ends."""
+    kinds = ("write", "ready", "health")
+    return Probes(
+        {w: functools.partial(probe, node, w) for w in kinds}, every=0.25, join=3 * LIMIT_S
+    )
 
-    def __exit__(self, *_: object) -> None:
-        self.stopping.set()
-        for t in self.threads:
-            t.join(3 * LIMIT_S)
 
-    def _one(self, what: str, i: int) -> Answer:
-        sent = time.monotonic()
-        try:
-            if what == "write":
-                id = f"w-{i}"
-                data = {"id": id, "timeoutAt": 10**13, "tags": {}}
-                envelope = {
-                    "kind": "promise.create",
-                    "head": {"corrId": id, "version": VERSION},
-                    "data": data,
-                }
-                r = httpx.post(f"{self.node.url}/", json=envelope, timeout=3 * LIMIT_S)
-                body = r.json()
-                status, payload = int(body["head"]["status"]), body["data"]
-                what = id
-            else:
-                r = httpx.get(f"{self.node.url}/{what}", timeout=3 * LIMIT_S)
-                status, payload = r.status_code, r.json()
-        except (httpx.HTTPError, ValueError) as exc:
-            status, payload = 0, repr(exc)
-        return Answer(sent, what, status, time.monotonic() - sent, payload)
-
-    def _loop(self, what: str) -> None:
-        i = 0
-        while not self.stopping.is_set():
-            i += 1
-            self.answers.append(self._one(what, i))
-            self.stopping.wait(0.25)
-
-    def since(self, start: float, what: str) -> list[Answer]:
-        return [a for a in self.answers if a.at >= start and a.what.startswith(what)]
+def since(answers: list[Answer], start: float, what: str) -> list[Answer]:
+    return [a for a in answers if a.at >= start and a.what.startswith(what)]
 
 
 @dataclass
@@ -143,17 +126,19 @@ def outage(s: Setup, stop: Callable[[], None], start: Callable[[], None]) -> Non
     the node answered meanwhile and afterwards, checked."""
     node, procs = s.node, s.procs
     assert node.call("promise.create", {"id": "before", "timeoutAt": 10**13, "tags": {}})[0] == 200
-    with Prober(node) as prober:
+    with probes(node) as prober:
         time.sleep(1)
         began = time.monotonic()
         stop()
         procs.wait_for(
             "/ready to answer 503",
-            lambda: any(a.status == 503 for a in prober.since(began, "ready")),
+            lambda: any(a.status == 503 for a in since(prober.answers, began, "ready")),
             NOTICED_S + LIMIT_S,
         )
         noticed = min(
-            a.at + a.seconds - began for a in prober.since(began, "ready") if a.status == 503
+            a.at + a.seconds - began
+            for a in since(prober.answers, began, "ready")
+            if a.status == 503
         )
         time.sleep(max(OUTAGE_S - (time.monotonic() - began), 0))
         ended = time.monotonic()

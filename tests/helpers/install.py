@@ -12,9 +12,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -68,30 +65,6 @@ def clean_env(**extra: str) -> dict[str, str]:
     }
     env.update(extra)
     return env
-
-
-@contextmanager
-def started(cmd: list[str], url: str, log: Path, **popen: Any) -> Iterator[subprocess.Popen[bytes]]:
-    """``cmd`` as a child process, yielded once ``GET {url}/ready`` answers 200, killed
-    when the block ends if it still runs."""
-    with log.open("ab") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, **popen)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"{url}/ready", timeout=0.5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.1)
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(10)
 
 
 def call(url: str, kind: str, data: dict[str, Any]) -> httpx.Response:

@@ -28,7 +28,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from helpers.install import ROOT, call, clean_env, run, started
+from helpers.install import ROOT, call, clean_env, run
+from helpers.serve_process import started
 from helpers.support import free_port
 from troth.version import health, schema_version
 

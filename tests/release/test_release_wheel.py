@@ -12,7 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from helpers.install import call, clean_env, run, started
+from helpers.install import call, clean_env, run
+from helpers.serve_process import started
 from helpers.support import free_port
 from troth import __version__
 from troth.version import describe, health, schema_version
