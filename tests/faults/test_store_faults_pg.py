@@ -23,10 +23,10 @@ from typing import Any
 
 import httpx
 import psycopg
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.conninfo import conninfo_to_dict
 
 from helpers.lb import LoadBalancer
-from helpers.pg import ADMIN_URL, throwaway_database
+from helpers.pg import ADMIN_URL, through, throwaway_database
 from helpers.support import VERSION, RunningServer, running_server
 from helpers.tmpfs import fill, tmpfs
 from troth.server.config import Settings
@@ -179,13 +179,6 @@ def test_a_full_tablespace_refuses_writes_and_writes_resume_when_room_is_made() 
             assert create(client, "after", size=16 * 1024).status_code == 200
             acknowledged.append("after")
         assert set(acknowledged) <= stored(url)
-
-
-def through(url: str, port: int) -> str:
-    params = conninfo_to_dict(url)
-    params["host"], params["port"] = "127.0.0.1", str(port)
-    params["connect_timeout"] = "2"
-    return make_conninfo("", **params)
 
 
 def test_ready_says_503_with_a_reason_when_the_database_is_out_of_reach() -> None:

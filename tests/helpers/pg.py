@@ -47,3 +47,14 @@ def fresh_store(url: str) -> PostgresStore:
     store = PostgresStore(url)
     store.reset()
     return store
+
+
+def through(url: str, port: int) -> str:
+    """``url`` by way of a TCP proxy on local ``port`` (tests/helpers/lb.py), giving up
+    a connection attempt after 2 s: the outage tests stop and start the proxy."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    params = conninfo_to_dict(url)
+    params["host"], params["port"] = "127.0.0.1", str(port)
+    params["connect_timeout"] = "2"
+    return make_conninfo("", **params)

@@ -17,21 +17,14 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.conninfo import conninfo_to_dict
 
 from helpers.lb import LoadBalancer
-from helpers.pg import throwaway_database
+from helpers.pg import through, throwaway_database
 from helpers.support import VERSION, running_server
 from troth.server.config import Settings
 
 FAR = 10**13
-
-
-def through(url: str, port: int) -> str:
-    params = conninfo_to_dict(url)
-    params["host"], params["port"] = "127.0.0.1", str(port)
-    params["connect_timeout"] = "2"
-    return make_conninfo("", **params)
 
 
 def create(client: httpx.Client, id: str) -> tuple[int, Any]:
