@@ -79,9 +79,10 @@ def path(tmp_path: Path) -> Iterator[Path]:
     yield tmp_path / "t.db"
 
 
-def run(store: SqliteStore, body: Any) -> Any:
+def run(store: SqliteStore, body: Any, *, lone_here: bool = True) -> Any:
     async def main() -> Any:
         engine = Engine(store, Config())
+        engine.lone_commit_here = lone_here
         engine.paused = True  # no timer passes: every transaction here is the test's
         await engine.start()
         try:
@@ -133,8 +134,43 @@ def test_requests_arriving_during_a_commit_share_the_next_batch(path: Path) -> N
         await asyncio.gather(first, *later)
         return engine.stats.batches
 
-    assert run(store, body) == 2
+    # The first batch is alone: held on the writer thread (lone_commit = writer).
+    assert run(store, body, lone_here=False) == 2
     assert len(stored(path)) == 21
+
+
+def test_a_batch_alone_commits_on_the_loop_and_others_on_the_writer(path: Path) -> None:
+    """``lone_commit = loop``: a request alone is committed where it ran, on the
+    event loop (no hand-off to the writer thread and back), and answered after its
+    COMMIT; requests submitted together still commit on the writer thread."""
+    store = CommitSpy(path)
+
+    async def body(engine: Engine) -> tuple[int, list[int]]:
+        loop_thread = threading.get_ident()
+        for i in range(3):
+            await engine.run(create(f"alone{i}"), 0)
+            assert stored(path) >= {f"alone{i}"}  # answered once committed
+        await asyncio.gather(*(engine.run(create(f"t{i}"), 0) for i in range(5)))
+        return loop_thread, list(store.commit_threads)
+
+    loop_thread, commits = run(store, body)
+    assert commits[:3] == [loop_thread] * 3
+    assert commits[3:] and all(t != loop_thread for t in commits[3:])
+    assert len(stored(path)) == 8
+
+
+def test_a_failed_commit_of_a_batch_alone_fails_it_and_the_engine_goes_on(path: Path) -> None:
+    store = CommitSpy(path)
+    store.fail_commits = 1
+
+    async def body(engine: Engine) -> None:
+        with pytest.raises(sqlite3.OperationalError, match="injected"):
+            await engine.run(create("lost"), 0)
+        await engine.run(create("next"), 0)
+
+    run(store, body)
+    assert stored(path) == {"next"}
+    assert not store.lock.locked()
 
 
 def test_exclusive_work_runs_between_batches_in_order(path: Path) -> None:

@@ -147,6 +147,13 @@ def add_server_flags(p: argparse.ArgumentParser, base: Settings | None = None) -
     )
     flag(
         store,
+        "lone_commit",
+        "where a request alone commits on SQLite: loop (sooner) or writer",
+        base=b,
+        choices=["loop", "writer"],
+    )
+    flag(
+        store,
         "postgres_url",
         "PostgreSQL connection URI, with --store postgres",
         base=b,

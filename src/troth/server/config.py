@@ -38,6 +38,7 @@ class Settings:
     store: str = "sqlite"  # memory | sqlite | postgres
     db: str = "troth.db"
     synchronous: str = "full"  # full | normal (SQLite)
+    lone_commit: str = "loop"  # loop | writer: where a batch alone commits (SQLite)
     postgres_url: str = ""  # libpq URI or key=value string (store = postgres)
     postgres_pool_mode: str = "session"  # transaction: behind PgBouncer's pool_mode=transaction
     postgres_listen_url: str = ""  # direct (unpooled) URL for LISTEN; default postgres_url
@@ -94,6 +95,8 @@ class Settings:
             raise ConfigError("postgres_pool_mode must be session or transaction")
         if self.postgres_readers < 0 or self.postgres_outage_wait < 0:
             raise ConfigError("postgres_readers and postgres_outage_wait must be >= 0")
+        if self.lone_commit not in ("loop", "writer"):
+            raise ConfigError(f"lone_commit must be loop or writer, not {self.lone_commit!r}")
         if self.synchronous not in ("full", "normal"):
             raise ConfigError(f"synchronous must be full or normal, not {self.synchronous!r}")
         if self.retry_timeout <= 0:

@@ -149,6 +149,9 @@ class Engine:
         #: Steps of the wall clock, as the timer notices them (``server/clock.py``).
         self.clock_watch = ClockWatch(clock)
         self.paused = False
+        #: A batch alone commits on the event loop (``lone_commit = loop``,
+        #: :meth:`_commit_here`), not on the writer thread.
+        self.lone_commit_here = True
         self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
         #: ``loop_batches``: work waiting on the event loop; whether a run of
         #: :meth:`_kick` is scheduled; whether the connection is lent to the writer
@@ -438,7 +441,33 @@ class Engine:
             self._kicked = True
             works[0].loop.call_soon(self._kick)
             return
+        if self.lone_commit_here and len(works) == 1 and not pending and not outcomes[0].messages:
+            self._commit_here(works, outcomes)
+            return
         self._lend(functools.partial(self._commit_lent, works, outcomes))
+
+    def _commit_here(self, works: list[_Work], outcomes: list[Outcome[Any]]) -> None:
+        """A batch alone (nothing waits behind it, it wrote no message to claim):
+        commit it on the event loop and answer at once.  Lent to the writer thread,
+        its COMMIT costs two hand-offs between threads (together 0.06–0.12 ms,
+        docs/performance-notes.md "A lone request's time") that nothing overlaps
+        with, since nothing waits; what arrives during the COMMIT is read right after
+        it and forms the next batch as it would have.  The price: while this COMMIT
+        runs (its fsync; now and then a WAL checkpoint, a few ms) the loop serves
+        nothing else — no read, no SSE keep-alive.  ``lone_commit = writer`` keeps
+        every COMMIT on the writer thread."""
+        store = self.store
+        try:
+            store.commit()
+        except BaseException as exc:
+            self._log_failed(exc, "commit of a batch of %d failed", len(works))
+            try:
+                store.rollback()
+            finally:
+                outcomes = [Outcome(error=exc) for _ in works]
+        finally:
+            store.lock.release()
+        self._answer(works, outcomes, returned=False, here=True)
 
     def _lend(self, fn: Callable[[], None]) -> None:
         self._lent = True
@@ -613,10 +642,18 @@ class Engine:
             outcomes = [Outcome(error=exc) for _ in works]
         self._answer(works, outcomes, returned=self.store.loop_batches)
 
-    def _answer(self, works: list[_Work], outcomes: list[Outcome[Any]], *, returned: bool) -> None:
+    def _answer(
+        self,
+        works: list[_Work],
+        outcomes: list[Outcome[Any]],
+        *,
+        returned: bool,
+        here: bool = False,
+    ) -> None:
         """After a batch (committed or failed): count it, answer its requests, wake the
         timer for an earlier deadline, run :attr:`on_commit`; with ``returned``, give
-        the connection back to the event loop (:meth:`_returned`)."""
+        the connection back to the event loop (:meth:`_returned`); ``here``: on the
+        event loop (answered at once)."""
         progress = time.monotonic()
         self._running.pop(id(works), None)
         self.stats.batches += 1
@@ -646,7 +683,10 @@ class Engine:
                 earliest = min(earliest, o.deadline)
         results = [(w.done, o) for w, o in zip(works, outcomes, strict=True)]
         loop = works[0].loop
-        loop.call_soon_threadsafe(_deliver, results)
+        if here:
+            _deliver(results)
+        else:
+            loop.call_soon_threadsafe(_deliver, results)
         if earliest < self._target:
             loop.call_soon_threadsafe(self._poke, earliest)
             if self.on_deadline is not None:

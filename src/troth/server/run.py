@@ -72,6 +72,7 @@ def build_app(settings: Settings, store: Store | None = None) -> App:
     metrics = Metrics()
     store = store or open_store(settings)
     engine = Engine(store, Config(retry_timeout=settings.retry_timeout))
+    engine.lone_commit_here = settings.lone_commit == "loop"
     if settings.store == "postgres":
         # A request waits out postgres_outage_wait (a failover) inside its batch; its
         # deadline leaves that wait a second to end in a commit or a 503 of its own.
