@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -422,3 +423,19 @@ def test_without_nats_server_the_nats_workloads_are_skipped_saying_why(
     assert report.ok, text
     assert [r.name for r in report.results] == ["create-settle"]
     assert "skipping lifecycle-nats: nats-server not found" in text
+
+
+@pytest.mark.parametrize("ratio", [1.0, 0.5])
+def test_tracing_runs_export_to_the_bench_sink(tmp_path: Path, ratio: float) -> None:
+    """``--tracing [RATIO]``: the server runs with tracing on, its spans go to the
+    bench's own OTLP sink (which counts what it got), a ratio below 1 samples."""
+    pytest.importorskip("opentelemetry.sdk", reason="tracing needs the otel extra")
+    out = io.StringIO()
+    opts = replace(TINY, dir=str(tmp_path), workloads=("create-settle",), tracing=ratio)
+    report = runner.run(opts, out)
+    text = out.getvalue()
+    assert report.ok, text
+    share = "every workflow" if ratio == 1 else "0.5 of workflows"
+    assert f"tracing:  on (troth serve --tracing), {share} sampled" in text
+    exported = re.search(r"the servers exported ([\d,]+) batches of spans", text)
+    assert exported is not None and int(exported[1].replace(",", "")) > 0, text

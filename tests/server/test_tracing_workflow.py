@@ -239,3 +239,46 @@ def test_nats_requests_and_refusals_have_spans(receiver: Receiver, tmp_path: Pat
     refusal = by_corr["c-refused"]
     assert refusal.attributes["troth.status"] == 401 and refusal.parent_id == ""
     assert "troth.ids" not in refusal.attributes  # nothing of an unauthenticated request
+
+
+def test_a_sampler_samples_whole_workflows(
+    receiver: Receiver, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``OTEL_TRACES_SAMPLER``: a workflow whose root is not sampled stores its
+    context unsampled, so nothing that joins it later is exported either (no trace
+    without its root); one whose caller sampled it is exported whole."""
+    import sqlite3
+
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "parentbased_traceidratio")
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "0")  # no root is sampled
+    db = tmp_path / "t.db"
+    with hook_server() as hook, running_server(Settings(db=str(db), tracing=True)) as server:
+        target = f"http://127.0.0.1:{hook.port}/run"
+        server.ok(
+            "promise.create", {"id": "wf", "timeoutAt": FAR, "tags": {"resonate:target": target}}
+        )
+        receiver.wait("the pushed execute", lambda: bool(hook.seen))
+        version = hook.seen[0][1]["data"]["task"]["version"]
+        server.ok("task.acquire", {"id": "wf", "version": version, "pid": "w", "ttl": 60000})
+        r = server.client.post(
+            "/",
+            json={
+                "kind": "promise.create",
+                "head": {"corrId": "c-x", "version": VERSION},
+                "data": {"id": "x", "timeoutAt": FAR},
+            },
+            headers={"traceparent": f"00-{HEAD_TRACE}-{HEAD_PARENT}-01"},
+        )
+        assert r.json()["head"]["status"] == 200
+        server.ok("promise.get", {"id": "x"})
+        receiver.wait("the sampled read", lambda: bool(receiver.named("promise.get")))
+        traces = dict(sqlite3.connect(db).execute("SELECT id, trace FROM promises").fetchall())
+    assert traces["wf"].endswith("-00") and traces["x"].endswith("-01"), traces
+    # The push still names the (unsampled) trace, so a worker can continue it alike.
+    assert hook.seen[0][0]["traceparent"].startswith(traces["wf"][:36])
+    assert hook.seen[0][0]["traceparent"].endswith("-00")
+    named = {tuple(s.attributes.get("troth.ids", ())) for s in receiver.spans}
+    assert ("wf",) not in named, receiver.spans
+    assert not receiver.named("deliver execute") and not receiver.named("task.acquire")
+    created, read = one(receiver, "promise.create", "x"), one(receiver, "promise.get", "x")
+    assert (read.trace_id, read.parent_id) == (HEAD_TRACE, created.span_id)

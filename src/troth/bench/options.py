@@ -99,8 +99,9 @@ class Options:
     #: starts a nats-server of its own (and gives its servers ``--nats-url``).
     nats_url: str | None = None
     #: Start the servers with ``--tracing``, exporting to a sink the bench runs
-    #: (``bench/otlp_sink.py``): what tracing costs, against a run without it.
-    tracing: bool = False
+    #: (``bench/otlp_sink.py``): what tracing costs, against a run without it; the
+    #: share of workflows sampled (1: all; 0: tracing off).
+    tracing: float = 0.0
     open_loop: tuple[Offered, ...] = ()  # open-loop loads after each closed run (none: off)
     open_loop_cap: int = 512  # most connections (operations in flight) of the open loop
     arrivals: str = "uniform"  # open-loop arrival process: uniform or poisson
@@ -171,6 +172,13 @@ def open_loop_loads(text: str) -> tuple[Offered, ...]:
     if not loads:
         raise argparse.ArgumentTypeError("--open-loop needs at least one load")
     return tuple(loads)
+
+
+def _ratio(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"a ratio in (0, 1], not {text}")
+    return value
 
 
 def add_bench_flags(p: argparse.ArgumentParser) -> None:
@@ -341,9 +349,15 @@ def add_bench_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--tracing",
-        action="store_true",
+        nargs="?",
+        type=_ratio,
+        const=1.0,
+        default=d.tracing,
+        metavar="RATIO",
         help="start the servers with --tracing, their spans exported over OTLP/HTTP to a"
-        " sink the bench runs (needs troth[otel]): run once with and once without it",
+        " sink the bench runs (needs troth[otel]); RATIO < 1 samples that share of"
+        " workflows (OTEL_TRACES_SAMPLER=parentbased_traceidratio): run once with and"
+        " once without it",
     )
 
 

@@ -401,19 +401,25 @@ class Bench:
         """The servers' exporter settings with --tracing: to the bench's sink."""
         if self.sink is None:
             return None
-        return {"OTEL_EXPORTER_OTLP_ENDPOINT": self.sink.url, "OTEL_SERVICE_NAME": "troth-bench"}
+        env = {"OTEL_EXPORTER_OTLP_ENDPOINT": self.sink.url, "OTEL_SERVICE_NAME": "troth-bench"}
+        if self.opts.tracing < 1:
+            env["OTEL_TRACES_SAMPLER"] = "parentbased_traceidratio"
+            env["OTEL_TRACES_SAMPLER_ARG"] = str(self.opts.tracing)
+        return env
 
     def start_sink(self) -> None:
         """--tracing: the sink the servers export to, started once per run."""
-        if not self.opts.tracing or self.opts.url or self.sink is not None:
+        if self.opts.tracing <= 0 or self.opts.url or self.sink is not None:
             return
         sink = SinkProcess(self.workdir)
         sink.start()
         self.sink = sink
-        self.report.settings["tracing"] = f"on: OTLP/HTTP to a sink the bench runs ({sink.url})"
+        ratio = self.opts.tracing
+        share = "every workflow" if ratio >= 1 else f"{ratio:g} of workflows"
+        self.report.settings["tracing"] = f"on, {share} sampled: OTLP/HTTP to {sink.url}"
         self.say(
-            "  tracing:  on (troth serve --tracing); spans exported over OTLP/HTTP to a sink"
-            " the bench runs, which drops them",
+            f"  tracing:  on (troth serve --tracing), {share} sampled; spans exported over"
+            " OTLP/HTTP to a sink the bench runs, which drops them",
             "",
         )
 

@@ -52,6 +52,7 @@ from opentelemetry.sdk.resources import SERVICE_INSTANCE_ID, SERVICE_NAME, Resou
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
+from opentelemetry.sdk.trace.sampling import Decision
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
@@ -79,9 +80,9 @@ KNOWN = 65536
 _random = RandomIdGenerator()
 
 
-def traceparent(trace_id: int, span_id: int) -> str:
-    """A sampled W3C ``traceparent``."""
-    return f"00-{trace_id:032x}-{span_id:016x}-01"
+def traceparent(trace_id: int, span_id: int, sampled: bool = True) -> str:
+    """A W3C ``traceparent`` (flags: sampled or not)."""
+    return f"00-{trace_id:032x}-{span_id:016x}-{'01' if sampled else '00'}"
 
 
 #: Requests whose ``id`` is a schedule's, not a promise's.
@@ -166,7 +167,7 @@ class TracedAdmitted(Admitted):
     ``wrote``: set on the writer or a reader thread, read on the event loop after
     the job's outcome was delivered)."""
 
-    __slots__ = ("joined", "parent", "ran", "span_id", "trace_id", "wrote")
+    __slots__ = ("joined", "own", "parent", "ran", "span_id", "trace_id", "wrote")
 
     def __init__(self, admitted: Admitted, parent: Context | None, tracing: Tracing) -> None:
         super().__init__(
@@ -186,8 +187,10 @@ class TracedAdmitted(Admitted):
         self.span_id = _random.generate_span_id()
         #: ``(promise id, traceparent)``: the stored trace the request joined.
         self.joined: tuple[str, str] | None = None
-        #: Promises the job created (they keep this request's span as their trace).
+        #: Promises the job created, which keep this request's span (``own``) as
+        #: their trace.
         self.wrote: tuple[str, ...] = ()
+        self.own = ""
         #: When its job ran in the store (``perf_counter``; 0: it had none).
         self.ran = 0.0
 
@@ -247,9 +250,22 @@ class Tracing:
         now = admitted.now
         created = [id for id, p in tx.writes.promises.items() if p.created_at == now]
         if created:
-            own = traceparent(admitted.trace_id, admitted.span_id)
-            tx.writes.traces = dict.fromkeys(created, own)
+            admitted.own = traceparent(admitted.trace_id, admitted.span_id, self.sampled(admitted))
+            tx.writes.traces = dict.fromkeys(created, admitted.own)
             admitted.wrote = tuple(created)
+
+    def sampled(self, admitted: TracedAdmitted) -> bool:
+        """Whether the request's span will be sampled, decided as the tracer will
+        decide it (``OTEL_TRACES_SAMPLER``; by default every span): the flag its
+        stored context carries, so that what joins it later is sampled alike and a
+        sampled trace has no unsampled root, nor an unsampled one sampled children."""
+        if admitted.parent is not None:
+            flags = trace.get_current_span(admitted.parent).get_span_context().trace_flags
+            return flags.sampled
+        if admitted.joined is not None:
+            return admitted.joined[1].endswith("1")
+        result = self.provider.sampler.should_sample(None, admitted.trace_id, admitted.kind)
+        return result.decision is Decision.RECORD_AND_SAMPLE
 
     def context_of(self, admitted: TracedAdmitted) -> Context:
         """The context a request's span is made in: its caller's, or the stored trace
@@ -283,9 +299,8 @@ class Tracing:
             if admitted.joined is not None:
                 known.put(*admitted.joined)
             if admitted.wrote and status < 500:
-                own = traceparent(admitted.trace_id, admitted.span_id)
                 for id in admitted.wrote:
-                    known.put(id, own)
+                    known.put(id, admitted.own)
         attributes: dict[str, Any] = {
             "troth.kind": kind,
             "troth.corr_id": corr,
