@@ -150,7 +150,7 @@ class Engine:
         self.clock_watch = ClockWatch(clock)
         self.paused = False
         #: A batch alone commits on the event loop (``lone_commit = loop``,
-        #: :meth:`_commit_here`), not on the writer thread.
+        #: :meth:`_commit`), not on the writer thread.
         self.lone_commit_here = True
         self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
         #: ``loop_batches``: work waiting on the event loop; whether a run of
@@ -442,40 +442,28 @@ class Engine:
             works[0].loop.call_soon(self._kick)
             return
         if self.lone_commit_here and len(works) == 1 and not pending and not outcomes[0].messages:
-            self._commit_here(works, outcomes)
+            self._commit(works, outcomes, here=True)
             return
-        self._lend(functools.partial(self._commit_lent, works, outcomes))
-
-    def _commit_here(self, works: list[_Work], outcomes: list[Outcome[Any]]) -> None:
-        """A batch alone (nothing waits behind it, it wrote no message to claim):
-        commit it on the event loop and answer at once.  Lent to the writer thread,
-        its COMMIT costs two hand-offs between threads (together 0.06–0.12 ms,
-        docs/performance-notes.md "A lone request's time") that nothing overlaps
-        with, since nothing waits; what arrives during the COMMIT is read right after
-        it and forms the next batch as it would have.  The price: while this COMMIT
-        runs (its fsync; now and then a WAL checkpoint, a few ms) the loop serves
-        nothing else — no read, no SSE keep-alive.  ``lone_commit = writer`` keeps
-        every COMMIT on the writer thread."""
-        store = self.store
-        try:
-            store.commit()
-        except BaseException as exc:
-            self._log_failed(exc, "commit of a batch of %d failed", len(works))
-            try:
-                store.rollback()
-            finally:
-                outcomes = [Outcome(error=exc) for _ in works]
-        finally:
-            store.lock.release()
-        self._answer(works, outcomes, returned=False, here=True)
+        self._lend(functools.partial(self._commit, works, outcomes, here=False))
 
     def _lend(self, fn: Callable[[], None]) -> None:
         self._lent = True
         self._queue.put(fn)
 
-    def _commit_lent(self, works: list[_Work], outcomes: list[Outcome[Any]]) -> None:
-        """On the writer thread, holding the store's lock the loop took: commit the
-        batch the loop ran, and answer it."""
+    def _commit(self, works: list[_Work], outcomes: list[Outcome[Any]], *, here: bool) -> None:
+        """Holding the store's lock the loop took: commit the batch the loop ran, and
+        answer it — on the writer thread (lent the connection, which then returns to
+        the loop), or ``here`` on the event loop.
+
+        Here is for a batch alone (nothing waits behind it, it wrote no message to
+        claim; ``lone_commit = loop``): lent to the writer thread, its COMMIT costs two
+        hand-offs between threads (together 0.06–0.12 ms, docs/performance-notes.md
+        "A lone request's time") that nothing overlaps with, since nothing waits;
+        what arrives during the COMMIT is read right after it and forms the next batch
+        as it would have.  The price: while this COMMIT runs (its fsync; now and then
+        a WAL checkpoint, a few ms) the loop serves nothing else — no read, no SSE
+        keep-alive.  ``lone_commit = writer`` keeps every COMMIT on the writer
+        thread."""
         store = self.store
         try:
             store.commit()
@@ -487,7 +475,7 @@ class Engine:
                 outcomes = [Outcome(error=exc) for _ in works]
         finally:
             store.lock.release()
-        self._answer(works, outcomes, returned=True)
+        self._answer(works, outcomes, returned=not here, here=here)
 
     def _returned(self, results: list[tuple[Done, Outcome[Any]]]) -> None:
         """On the event loop: the writer thread is done with the connection."""
