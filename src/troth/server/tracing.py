@@ -242,12 +242,7 @@ class Tracing:
         admitted.ran = time.perf_counter()
         if admitted.parent is None:
             known, backend = self.known, tx.backend
-            for id in anchors(admitted.req):
-                stored = known.get(id) or backend.get_trace(id)
-                if stored is not None and _TRACEPARENT.fullmatch(stored):
-                    admitted.joined = (id, stored)
-                    admitted.trace_id = int(stored[3:35], 16)
-                    break
+            self._join(admitted, lambda id: known.get(id) or backend.get_trace(id))
         if isinstance(tx, ReadOnly) or not tx.writes.promises:
             return
         now = admitted.now
@@ -267,8 +262,7 @@ class Tracing:
             return flags.sampled
         if admitted.joined is not None:
             return admitted.joined[1].endswith("1")
-        result = self.provider.sampler.should_sample(None, admitted.trace_id, admitted.kind)
-        return result.decision is Decision.RECORD_AND_SAMPLE
+        return self._root_sampled(admitted.trace_id, admitted.kind)
 
     def will_sample(self, parent: Context, trace_id: int, name: str) -> bool:
         """What a parent-based sampler decides for a span in ``parent``: its parent's
@@ -276,8 +270,22 @@ class Tracing:
         context = trace.get_current_span(parent).get_span_context()
         if context.is_valid:
             return context.trace_flags.sampled
+        return self._root_sampled(trace_id, name)
+
+    def _root_sampled(self, trace_id: int, name: str) -> bool:
         result = self.provider.sampler.should_sample(None, trace_id, name)
         return result.decision is Decision.RECORD_AND_SAMPLE
+
+    @staticmethod
+    def _join(admitted: TracedAdmitted, lookup: Callable[[str], str | None]) -> None:
+        """The first of the request's anchors with a stored trace (``lookup``) is the
+        trace it joins."""
+        for id in anchors(admitted.req):
+            stored = lookup(id)
+            if stored is not None and _TRACEPARENT.fullmatch(stored):
+                admitted.joined = (id, stored)
+                admitted.trace_id = int(stored[3:35], 16)
+                return
 
     def context_of(self, admitted: TracedAdmitted) -> Context:
         """The context a request's span is made in: its caller's, or the stored trace
@@ -285,17 +293,11 @@ class Tracing:
         ``task.release`` — what this node remembers), or none (a root)."""
         if admitted.parent is not None:
             return admitted.parent
-        joined = admitted.joined
-        if joined is None and not admitted.wrote:
-            for id in anchors(admitted.req):
-                stored = self.known.get(id)
-                if stored is not None:
-                    joined = (id, stored)
-                    admitted.trace_id = int(stored[3:35], 16)
-                    break
-        if joined is None:
+        if admitted.joined is None and not admitted.wrote:
+            self._join(admitted, self.known.get)
+        if admitted.joined is None:
             return Context()
-        return _context({"traceparent": joined[1]}) or Context()
+        return _context({"traceparent": admitted.joined[1]}) or Context()
 
     def request(self, answer: Answer, started: float, via: str) -> trace.Span | None:
         """The span of one answered request, begun when it arrived (``started``, the
