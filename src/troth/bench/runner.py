@@ -252,6 +252,12 @@ class Bench:
         #: Where the servers' spans go with --tracing (bench/otlp_sink.py).
         self.sink: SinkProcess | None = None
 
+    def failed(self, exc: BenchFailure) -> None:
+        """A verification failed: the run is not ok, and says why."""
+        self.report.ok = False
+        self.report.failure = str(exc)
+        self.say("", f"BENCH FAILED: {exc}")
+
     def say(self, *lines: str) -> None:
         for line in lines:
             print(line, file=self.out, flush=True)
@@ -284,9 +290,7 @@ class Bench:
                 if flows:
                     await self.sdk_workflows()
             except BenchFailure as exc:
-                self.report.ok = False
-                self.report.failure = str(exc)
-                self.say("", f"BENCH FAILED: {exc}")
+                self.failed(exc)
             return self.report
         opts = self.opts = self.with_nats(opts)
         self.start_sink()
@@ -325,9 +329,7 @@ class Bench:
             if flows:
                 await self.sdk_workflows()
         except BenchFailure as exc:
-            self.report.ok = False
-            self.report.failure = str(exc)
-            self.say("", f"BENCH FAILED: {exc}")
+            self.failed(exc)
         everything = self.report.results + self.report.peers
         if everything:
             self.say(*summary_lines(everything, limits), "")
