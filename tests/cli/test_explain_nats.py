@@ -16,7 +16,7 @@ from typing import Any
 import nats
 import pytest
 
-from helpers.nats import NatsServer, nats_server
+from helpers.nats import NatsServer, nats_server, subscribed
 from helpers.support import RunningServer, running_server
 from troth.cli.main import main
 from troth.server.config import Settings
@@ -105,8 +105,7 @@ def test_a_subscriber_that_took_it_but_never_acquired(
     async def subscribed_while_created() -> None:
         nc = await nats.connect(broker.url)
         try:
-            sub = await nc.subscribe(subject, queue="quiet")
-            await nc.flush()
+            sub = await subscribed(nc, subject, "quiet")
             await asyncio.to_thread(targeted, srv, "xn.quiet", f"nats://{subject}")
             await sub.next_msg(timeout=20)  # received; never acquired
         finally:

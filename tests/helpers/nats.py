@@ -119,6 +119,21 @@ def nats_server(max_payload: int | None = None) -> Iterator[NatsServer]:
         server.stop()
 
 
+async def subscribed(nc: Any, subject: str, queue: str = "") -> Any:
+    """``nc.subscribe(subject)``, returned once the NATS server has the subscription.
+
+    nats-py's ``flush()`` writes its PING straight to the socket while the SUB still
+    waits in nats-py's buffer for its flusher task, so the PONG of one flush can
+    come back before the server has read the SUB (and a message published from
+    another connection meanwhile meets "no responders").  By the time that PONG is
+    back the flusher has written the SUB, so a second PING follows it on the wire.
+    """
+    sub = await nc.subscribe(subject, queue=queue)
+    await nc.flush()
+    await nc.flush()
+    return sub
+
+
 def run(coro: Any) -> Any:
     """Run one coroutine on a fresh event loop (tests are synchronous)."""
     return asyncio.run(coro)

@@ -16,6 +16,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import jwt
@@ -25,7 +26,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from helpers.nats import NatsServer, nats_server
+from helpers.nats import NatsServer, nats_server, subscribed
 from helpers.support import VERSION, RunningServer, running_server
 from troth.server.config import ConfigError, Settings, load
 from troth.server.nats import origin_of
@@ -284,8 +285,7 @@ async def collect(
     nc = await nats.connect(url)
     seen: list[dict[str, Any]] = []
     try:
-        sub = await nc.subscribe(subject, queue=queue)
-        await nc.flush()
+        sub = await subscribed(nc, subject, queue)
         await asyncio.to_thread(act)
         deadline = time.monotonic() + timeout
         while not until(seen):
@@ -480,8 +480,7 @@ def test_concurrent_sends_share_flushes_and_each_learns_its_own_no_responders(
         link.start()
         await asyncio.wait_for(link.ready.wait(), 10)
         worker = await nats.connect(broker.url)
-        got = await worker.subscribe("batched.here")
-        await worker.flush()
+        got = await subscribed(worker, "batched.here")
         flushes = 0
         real_flush = link.client.flush
 
@@ -523,3 +522,130 @@ def test_concurrent_sends_share_flushes_and_each_learns_its_own_no_responders(
             await link.close()
 
     asyncio.run(scenario())
+
+
+def _execute_to(i: int, subject: str) -> Any:
+    from troth.outbox.rows import OutboxRow
+    from troth.protocol.records import Execute, OutboxEntry
+
+    return OutboxRow(i, OutboxEntry(f"nats://{subject}", Execute(f"t{i}", 1)), 0)
+
+
+def test_a_publish_still_in_nats_py_buffer_when_the_flush_begins_learns_no_responders(
+    broker: NatsServer,
+) -> None:
+    """nats-py writes a flush's PING straight to the socket while publishes wait in its
+    buffer for its flusher task.  Here that task is held up in ``drain()`` (a socket
+    the kernel drains slowly: the one fault injected) while a second send publishes to
+    a subject nobody subscribes to, during the first send's flush: its own flush must
+    still come after its publish on the wire and so learn "no responders", not report
+    it delivered."""
+    from troth.outbox.types import Completed, Retryable
+    from troth.transport.nats import NatsLink, NatsSender
+
+    async def scenario() -> None:
+        link = NatsLink(broker.url)
+        link.start()
+        await asyncio.wait_for(link.ready.wait(), 10)
+        worker = await nats.connect(broker.url)
+        await subscribed(worker, "held.here")
+        sender = NatsSender(link, "http://troth")
+        transport = link.client._transport
+        assert transport is not None
+        real_drain = transport.drain
+        held = asyncio.Event()
+
+        async def slow_drain() -> None:
+            held.set()
+            await asyncio.sleep(0.5)
+            await real_drain()
+
+        first_ping = asyncio.Event()
+        real_flush = link.client.flush
+
+        async def noted(timeout: int = 10) -> None:
+            first_ping.set()
+            await real_flush(timeout)
+
+        try:
+            await sender.send(_execute_to(0, "held.here"))  # the reply subscription
+            transport.drain = slow_drain  # type: ignore[method-assign]
+            link.client.flush = noted  # type: ignore[method-assign]
+            first = asyncio.create_task(sender.send(_execute_to(1, "held.here")))
+            await first_ping.wait()  # the first send's flush is under way ...
+            await held.wait()  # ... and nats-py's flusher is held in drain()
+            second = await sender.send(_execute_to(2, "held.nobody"))
+            assert isinstance(second, Retryable), second
+            assert second.code == "troth.nats.no_responders"
+            assert isinstance(await first, Completed)
+        finally:
+            await worker.close()
+            await link.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_send_whose_connection_was_lost_before_its_flush_is_unknown() -> None:
+    """The NATS server freezes (SIGSTOP) before a send, so its publish sits unread in
+    the socket; the server is killed and started again before the send's flush.  The
+    flush then goes over the new connection and proves nothing about the publish, so
+    the send is Unknown (``troth.nats.flush_failed``: the reconciler decides), not
+    Completed; the next send, on the new connection, is Completed."""
+    import signal
+
+    from troth.outbox.types import Completed, Unknown
+    from troth.transport.nats import NatsLink, NatsSender
+
+    async def scenario(server: NatsServer) -> None:
+        link = NatsLink(server.url, reconnect_wait=0.1)
+        link.start()
+        await asyncio.wait_for(link.ready.wait(), 10)
+        worker = await nats.connect(server.url, reconnect_time_wait=0.1)
+        got = await subscribed(worker, "lost.anyone")
+        sender = NatsSender(link, "http://troth")
+        await sender.send(_execute_to(0, "lost.anyone"))  # the reply subscription
+        await got.next_msg(timeout=5)
+        real_flush = link.client.flush
+        restarted = False
+
+        def kill_and_restart() -> None:
+            server.process.kill()
+            server.process.wait(10)
+            server.restart()
+
+        async def after_a_restart(timeout: int = 10) -> None:
+            nonlocal restarted
+            if not restarted:
+                restarted = True
+                before = link.client.stats["reconnects"]
+                await asyncio.to_thread(kill_and_restart)
+                deadline = time.monotonic() + 20
+                while link.client.stats["reconnects"] == before:
+                    assert time.monotonic() < deadline, "nats-py did not reconnect"
+                    await asyncio.sleep(0.05)
+            await real_flush(timeout)
+
+        try:
+            link.client.flush = after_a_restart  # type: ignore[method-assign]
+            server.process.send_signal(signal.SIGSTOP)
+            stat = Path(f"/proc/{server.process.pid}/stat")
+            while stat.read_text().rpartition(")")[2].split()[0] != "T":
+                await asyncio.sleep(0.01)  # every thread of it stopped
+            lost = await sender.send(_execute_to(1, "lost.anyone"))
+            assert isinstance(lost, Unknown), lost
+            assert lost.code == "troth.nats.flush_failed"
+            deadline = time.monotonic() + 20
+            while not worker.is_connected:  # the worker re-subscribes as it reconnects
+                assert time.monotonic() < deadline, "the worker did not reconnect"
+                await asyncio.sleep(0.05)
+            await worker.flush()
+            await worker.flush()
+            assert isinstance(await sender.send(_execute_to(2, "lost.anyone")), Completed)
+            msg = await got.next_msg(timeout=5)
+            assert json.loads(msg.data)["data"]["task"]["id"] == "t2"  # t1 never arrived
+        finally:
+            await worker.close()
+            await link.close()
+
+    with nats_server() as server:
+        asyncio.run(scenario(server))

@@ -20,8 +20,16 @@ acknowledgement, so the outcome is decided by what NATS itself can tell
   (``troth.nats.no_responders``: nobody received it, as an SSE group without a
   connection), and without one → ``Completed``: the NATS server took the message
   and routed it to at least one subscriber.
-* the publish was written but the flush failed or timed out → ``Unknown``
+* the publish was written but the flush failed or timed out, or the connection
+  was lost and made again between the publish and the flush → ``Unknown``
   (``troth.nats.flush_failed``): it may have been routed; the reconciler decides.
+
+nats-py's ``flush()`` writes its PING straight to the socket, while publishes wait
+in nats-py's own buffer until its flusher task writes them.  A flush begun while
+that task is held up (a socket the kernel drains slowly) would put the PING ahead
+of publishes, and its PONG would come back before NATS had even read them: a "no
+responders" answer would arrive too late and the send be counted delivered.  So
+every flush first waits until nats-py has written what is buffered.
 * an address that is no literal subject, or a message over ``max_payload`` →
   ``Permanent``.
 
@@ -201,6 +209,7 @@ class NatsSender:
             return Retryable(codes.NATS_DISCONNECTED)
         token = str(next(self._tokens))
         self._waiting.add(token)
+        connection = nc.stats["reconnects"]  # which of the client's connections publishes
         try:
             try:
                 await nc.publish(
@@ -226,6 +235,10 @@ class NatsSender:
                 return Unknown(codes.NATS_FLUSH_FAILED)
             if token in self._refused:
                 return Retryable(codes.NATS_NO_RESPONDERS)
+            if nc.stats["reconnects"] != connection:
+                # Published on a connection since lost: the flush that returned went
+                # over the new one and says nothing of the publish.
+                return Unknown(codes.NATS_FLUSH_FAILED)
             return Completed()
         finally:
             self._waiting.discard(token)
@@ -247,7 +260,7 @@ class NatsSender:
                 joined, self._next = self._next, None
                 ok = False
                 try:
-                    await nc.flush(self.flush_timeout)  # type: ignore[arg-type]
+                    await self._ping_after_publishes(nc)
                     await self._sort(replies)
                     ok = True
                 except Exception:
@@ -260,6 +273,20 @@ class NatsSender:
             if self._next is not None and not self._next.done():
                 self._next.set_result(False)  # cancelled with sends still waiting
                 self._next = None
+
+    async def _ping_after_publishes(self, nc: Client) -> None:
+        """PING/PONG once nats-py has written every publish made so far (see the
+        module's docstring): a flush request queued to nats-py's flusher is done only
+        when the flusher has written its whole buffer, publishes included."""
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        written = getattr(nc, "_flush_pending", None)  # nats-py 2.x; private
+        if written is not None:
+            await asyncio.wait_for(written(force_flush=True), self.flush_timeout)
+        left = self.flush_timeout - (loop.time() - began)
+        if left <= 0:
+            raise nats.errors.FlushTimeoutError
+        await nc.flush(left)  # type: ignore[arg-type]
 
     async def _sort(self, replies: Subscription) -> None:
         """Note every "no responders" answer already read (queued on the subscription
