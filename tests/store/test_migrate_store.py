@@ -12,6 +12,7 @@ the raw rows.
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,6 +34,8 @@ from troth.store.postgres import PostgresStore
 from troth.store.sqlite import SqliteStore
 
 CLAIM_COLUMNS = "id, key, claim_token, claimed_by, claimed_at, updated_at"
+TRACE = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+UNSAMPLED = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"
 
 
 @pytest.fixture
@@ -88,6 +91,13 @@ def build_source(path: Path) -> dict[str, Any]:
         snap = store.snapshot()
     finally:
         store.close()
+    conn = sqlite3.connect(path)  # traces kept with two promises (tracing on)
+    with conn:
+        conn.executemany(
+            "UPDATE promises SET trace = ? WHERE id = ?",
+            [(TRACE, "big"), (UNSAMPLED, "root.1")],
+        )
+    conn.close()
     states = {r["state"] for r in snap["outbox"]}
     assert states == {"pending", "dispatching", "completed", "failed", "outcome_unknown"}
     assert {t["state"] for t in snap["tasks"]} >= {"pending", "acquired", "suspended", "fulfilled"}
@@ -140,6 +150,10 @@ def test_a_moved_store_equals_its_source(
         dests = raw_pg(pg_url, "SELECT dest_cast, dest_group, dest_id FROM outbox ORDER BY id")
         assert ("any", "g0", "w0") in dests
         assert (None, None, None) in dests  # the http row
+        # The trace contexts kept with promises came along (a record leaves them out).
+        traces = "SELECT id, trace FROM promises WHERE trace IS NOT NULL ORDER BY id"
+        assert raw_pg(pg_url, traces) == [("big", TRACE), ("root.1", UNSAMPLED)]
+        assert re.search(r"^  traces +2$", out, re.M), out
         # New rows get ids past every id the source handed out.
         run(target, lambda tx: tx.set_message("poll://any@g", Execute("new", 0)), now=5)
         new = [r for r in target.snapshot()["outbox"] if r["key"] == "new"]
@@ -236,8 +250,9 @@ def test_a_source_at_an_older_schema_is_refused_untouched(tmp_path: Path, pg_url
         ("UPDATE promises SET undrained = true WHERE id = 'a'", "promises row 'a' differs"),
         ("DELETE FROM tasks WHERE id = 't'", "tasks: the source has more rows"),
         ("UPDATE outbox SET dest_group = 'h'", "outbox row 'x' differs"),
+        (f"UPDATE promises SET trace = '{TRACE}' WHERE id = 'a'", "traces differ"),
     ],
-    ids=["derived-column", "missing-row", "outbox-destination"],
+    ids=["derived-column", "missing-row", "outbox-destination", "trace"],
 )
 def test_the_comparison_finds_a_difference(
     tmp_path: Path,

@@ -9,7 +9,9 @@ for that record (``RowCodec.promise_row`` derives ``external``, ``branch``,
 ``undrained`` and ``origin``; an outbox row gets its parsed ``poll://``
 destination, ``RowCodec.destination``), by the store's own multi-row inserts.
 Deriving them again rather than copying them makes the target what a PostgreSQL
-node would have written itself.
+node would have written itself.  The trace context stored with promises (tracing
+on: ``promises.trace``) is no part of a record; it is copied beside them, by the
+store's own ``set_traces``, so a moved workflow's later requests join its trace.
 
 The copy is one PostgreSQL transaction over one SQLite read transaction: the
 target gets all of it or nothing, and it is the source as of one instant.  The
@@ -39,7 +41,7 @@ from troth.outbox.rows import OutboxRow
 from troth.store.codec import OUTBOX_COLS, PROMISE_COLS, SELECT_ALL
 from troth.store.migrate import SchemaError, latest_version
 from troth.store.postgres.backend import _FLAGS_P, _FLAGS_T, CODEC, Q, _columns
-from troth.store.postgres.session import NUL, Conn, IntLoader
+from troth.store.postgres.session import NUL, Conn, IntLoader, TextArray
 from troth.store.postgres.store import PostgresStore
 from troth.store.queries import load_queries
 from troth.store.sqlite.backup import BackupError, connect_existing, troth_version
@@ -107,6 +109,9 @@ def _outbox_row(keyed: tuple[str, OutboxRow]) -> tuple[Any, ...]:
     key, row = keyed
     return (key, *CODEC.outbox_columns(row), *CODEC.destination(row.entry.address))
 
+
+#: The trace contexts kept with promises, the same on both sides.
+_TRACES: Final = "SELECT id, trace FROM promises WHERE trace IS NOT NULL ORDER BY id"
 
 _N_OUTBOX: Final = 1 + len(OUTBOX_COLS.split(", "))
 
@@ -256,6 +261,13 @@ def _copy(
             n += len(out)
         counts[table.name] = n
         say(f"copied {n} {table.name}")
+    n = 0
+    rows = source.execute(_TRACES)
+    while chunk := rows.fetchmany(batch):
+        cur.execute(Q["set_traces"], [TextArray(c) for c in zip(*chunk, strict=True)])
+        n += len(chunk)
+    counts["traces"] = n
+    say(f"copied {n} traces")
     high = source.execute(
         "SELECT max(coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'outbox'), 0), "
         "coalesce((SELECT max(id) FROM outbox), 0))"
@@ -287,6 +299,13 @@ def _verify(source: sqlite3.Connection, conn: Conn, batch: int, say: Callable[[s
                     )
                 n += 1
         say(f"verified {n} {table.name}")
+    expected = _stream(source.execute(_TRACES), batch)
+    with conn.cursor(name="troth_verify_traces") as target:
+        target.itersize = batch
+        target.execute(_TRACES)
+        for src, got in zip_longest(expected, target):
+            if src is None or got is None or tuple(src) != tuple(got):
+                raise TransferError(f"traces differ: source {src}, target {got}")
     conn.rollback()
 
 
