@@ -107,3 +107,8 @@ class OutboxLifecycle(Protocol):
         """The pending rows of ``keys`` that were held back (due later than they were
         written) become due as written, i.e. at once (a worker connected: a task in
         backoff need not wait it out); how many.  Attempts stay as they were."""
+
+    def revive(self, group: str, id: str, now: int, since: int) -> tuple[int, int]:
+        """A worker connected to ``group/id`` on a node of its own: the rows no
+        connection could take for that stream (backed off; failed since ``since``)
+        are offered again; how many of each (``store/outbox.py``)."""

@@ -40,6 +40,7 @@ from troth.server.operator import OperatorApi
 from troth.server.retention import RetentionLoop
 from troth.store.base import Outcome, StoreUnavailable
 from troth.store.faults import StoreFault
+from troth.store.outbox import REVIVE_WINDOW
 from troth.transport.nats import NatsLink
 from troth.transport.poll import Connection, Full, Registry
 from troth.ui import Dashboard
@@ -642,6 +643,8 @@ class App:
             return
         if self.cluster is not None:
             await self.cluster.connected()  # peers route this address here from now on
+        else:
+            await self.revive(group, id)
         await self.expedite(group)
         await send(
             {
@@ -707,6 +710,33 @@ class App:
             delivery.done.set_exception(exc)
             raise
         delivery.done.set_result(True)
+
+    async def revive(self, group: str, id: str) -> None:
+        """A worker connected to a node of its own (SQLite, memory): what could not be
+        delivered to its stream while it was away is offered again (``OutboxStore.
+        revive``; a cluster does the same when a node publishes a stream)."""
+        if self.delivery is None:
+            return
+        group = group.lower()  # as the registry and poll:// addresses have it
+        life = self.delivery.calls.life
+        now = self.engine.clock()
+        since = now - round(REVIVE_WINDOW * 1000)
+        try:
+            held, failed = await self.delivery.calls(lambda: life.revive(group, id, now, since))
+        except Exception as exc:  # a courtesy: the retry timer re-emits what matters
+            log.warning("could not offer again the messages for %s/%s: %s", group, id, exc)
+            return
+        if held or failed:
+            log.info(
+                "worker connected to %s/%s: %d messages that could not be delivered offered"
+                " again (%d backed off, %d failed)",
+                group[:64],
+                id[:64],
+                held + failed,
+                held,
+                failed,
+            )
+            self.delivery.wake_here()
 
     async def expedite(self, group: str) -> None:
         """A worker of ``group`` connected: the tasks of that group held back by the

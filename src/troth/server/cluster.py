@@ -65,6 +65,7 @@ from troth.server.delivery import DeliveryLoop
 from troth.server.engine import Engine
 from troth.server.waiting import wait_event
 from troth.store.migrate import load_migrations
+from troth.store.outbox import REVIVE_WINDOW
 from troth.store.postgres import CHANNEL, PostgresStore, Routing
 from troth.store.postgres.migrate import PACKAGE
 from troth.store.postgres.timeouts import with_timeouts
@@ -77,9 +78,6 @@ AsyncConn = psycopg.AsyncConnection[tuple[Any, ...]]
 
 #: Seconds a starting node waits to be listening before it serves anyway.
 LISTEN_WAIT = 10.0
-#: How long ago (seconds) a message for a stream may have failed for want of a
-#: connection and still be offered again when a node publishes that stream.
-REVIVE_WINDOW = 3600.0
 #: Seconds after a publish before its streams are offered again once more.
 AGAIN_AFTER = 0.5
 

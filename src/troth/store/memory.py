@@ -13,6 +13,7 @@ import itertools
 from collections.abc import Callable, Collection, Iterable
 from typing import Any, TypeVar
 
+from troth.outbox import codes
 from troth.outbox.rows import OutboxRow, RowState
 from troth.protocol.records import (
     PENDING,
@@ -346,6 +347,26 @@ class MemoryOutboxTable(OutboxTable):
     def next_due(self) -> int | None:
         due = [r.available_at for r in self.b.outbox.values() if r.state == RowState.PENDING]
         return min(due) if due else None
+
+    def stranded(self, now: int, since: int) -> list[tuple[int, str, str, str, int]]:
+        newest: dict[str, int] = {}
+        for r in self.b.outbox.values():
+            newest[r.key] = max(newest.get(r.key, r.id), r.id)
+        return [
+            (r.id, r.key, str(r.state), r.entry.address, r.created_at)
+            for r in self.b.outbox.values()
+            if (
+                r.state == RowState.PENDING
+                and r.available_at > now
+                and r.last_code == codes.NO_CONNECTION
+            )
+            or (
+                r.state == RowState.FAILED
+                and r.available_at >= since
+                and r.last_code == codes.ATTEMPTS_EXHAUSTED
+                and newest[r.key] == r.id
+            )
+        ]
 
     def expedite(self, key: str) -> int:
         row_id = self.b.pending_by_key.get(key)

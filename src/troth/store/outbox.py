@@ -17,7 +17,12 @@ from typing import Any, Protocol, TypeVar
 
 from troth.outbox import codes
 from troth.outbox.rows import OutboxRow, RowState, Settlement
+from troth.protocol.address import parse_poll
 from troth.store.codec import RowCodec
+
+#: How long ago (seconds) a message for a stream may have failed for want of a
+#: connection and still be offered again when that stream is published.
+REVIVE_WINDOW = 3600.0
 
 T = TypeVar("T")
 
@@ -89,6 +94,18 @@ class OutboxTable(ABC):
     @abstractmethod
     def expedite(self, key: str) -> int:
         """The pending row of ``key``, if held back, due as written (its ``created_at``)."""
+
+    def stranded(self, now: int, since: int) -> list[tuple[int, str, str, str, int]]:
+        """``(id, key, state, address, created_at)`` of the rows no connection could
+        take: pending and backed off past ``now`` for want of one
+        (``troth.poll.no_connection``), or failed at or after ``since`` when their
+        attempts ran out (only a missing connection fails a ``poll://`` send so) and
+        still the newest row of their key (a newer message, sent or not, is the one
+        that counts).
+
+        A node of a cluster offers these again through the cluster's own query
+        (``server/cluster.py``); a dialect without one need not answer."""
+        raise NotImplementedError("a cluster's node revives through connections_revive")
 
 
 def settle_row(table: OutboxTable, s: Settlement) -> bool:
@@ -238,6 +255,36 @@ class OutboxStore(ABC):
         if not keys:
             return 0
         return self.write(lambda t: sum(t.expedite(key) for key in keys))
+
+    def revive(self, group: str, id: str, now: int, since: int) -> tuple[int, int]:
+        """A worker connected to ``group/id`` on a node of its own (SQLite, memory):
+        what could not be delivered to exactly that stream is offered again, as a
+        cluster does when a node publishes a stream (``server/cluster.py``, "No
+        message is stranded").  Those backed off come due at once; those that
+        failed since ``since`` and are still the newest row of their key are pending
+        again, their attempts starting over.
+        Returns ``(backed off, failed)`` offered again."""
+        group = group.lower()
+
+        def run(t: OutboxTable) -> tuple[int, int]:
+            held = 0
+            newest: dict[str, tuple[int, int]] = {}
+            for row_id, key, state, address, created in t.stranded(now, since):
+                poll = parse_poll(address)
+                if poll is None or poll.group != group or poll.id != id:
+                    continue
+                if state == RowState.PENDING:
+                    held += t.expedite(key)
+                elif row_id > newest.get(key, (-1, 0))[0]:
+                    newest[key] = (row_id, created)
+            failed = 0
+            for key, (row_id, created) in newest.items():
+                if not t.has_pending(key):
+                    t.requeue(row_id, 0, None, now, created)
+                    failed += 1
+            return held, failed
+
+        return self.write(run)
 
 
 def settle_one(

@@ -17,6 +17,7 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Final, Protocol, TypeVar, cast
 
+from troth.outbox import codes
 from troth.outbox.rows import OutboxRow
 from troth.protocol.records import PENDING, TAG_ORIGIN, Promise, Schedule, Tags, Task
 from troth.store.base import (
@@ -652,3 +653,10 @@ class SqliteOutboxTable(SqlOutboxTable):
         at = _int_in(now)
         claimed = self.cur.execute(_Q["claim"], (token, worker_id, at, at, at, limit)).fetchall()
         return [_CODEC.outbox_row(r) for r in claimed]
+
+    def stranded(self, now: int, since: int) -> list[tuple[int, str, str, str, int]]:
+        found = self.cur.execute(
+            _Q["stranded"],
+            (_int_in(now), codes.NO_CONNECTION, _int_in(since), codes.ATTEMPTS_EXHAUSTED),
+        ).fetchall()
+        return [(r[0], r[1], r[2], r[3], _CODEC.int_out(r[4])) for r in found]
