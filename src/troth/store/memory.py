@@ -19,6 +19,7 @@ from troth.protocol.records import (
     PENDING,
     TAG_BRANCH,
     TAG_ORIGIN,
+    Execute,
     Promise,
     Schedule,
     Tags,
@@ -349,9 +350,10 @@ class MemoryOutboxTable(OutboxTable):
         return min(due) if due else None
 
     def stranded(self, now: int, since: int) -> list[tuple[int, str, str, str, int]]:
-        newest: dict[str, int] = {}
+        newest: dict[str, int] = {}  # by task id: an execute's key
         for r in self.b.outbox.values():
-            newest[r.key] = max(newest.get(r.key, r.id), r.id)
+            if isinstance(r.entry.message, Execute):
+                newest[r.key] = max(newest.get(r.key, r.id), r.id)
         return [
             (r.id, r.key, str(r.state), r.entry.address, r.created_at)
             for r in self.b.outbox.values()
@@ -364,7 +366,7 @@ class MemoryOutboxTable(OutboxTable):
                 r.state == RowState.FAILED
                 and r.available_at >= since
                 and r.last_code == codes.ATTEMPTS_EXHAUSTED
-                and newest[r.key] == r.id
+                and newest.get(r.key, r.id) == r.id
             )
         ]
 

@@ -99,9 +99,9 @@ class OutboxTable(ABC):
         """``(id, key, state, address, created_at)`` of the rows no connection could
         take: pending and backed off past ``now`` for want of one
         (``troth.poll.no_connection``), or failed at or after ``since`` when their
-        attempts ran out (only a missing connection fails a ``poll://`` send so) and
-        still the newest row of their key (a newer message, sent or not, is the one
-        that counts).
+        attempts ran out (only a missing connection fails a ``poll://`` send so),
+        but not an execute whose task has a newer one, sent or not (the newer
+        message is the one that counts).
 
         A node of a cluster offers these again through the cluster's own query
         (``server/cluster.py``); a dialect without one need not answer."""
@@ -260,9 +260,9 @@ class OutboxStore(ABC):
         """A worker connected to ``group/id`` on a node of its own (SQLite, memory):
         what could not be delivered to exactly that stream is offered again, as a
         cluster does when a node publishes a stream (``server/cluster.py``, "No
-        message is stranded").  Those backed off come due at once; those that
-        failed since ``since`` and are still the newest row of their key are pending
-        again, their attempts starting over.
+        message is stranded").  Those backed off come due at once; of those that
+        failed since ``since``, the newest of each key is pending again with its
+        attempts starting over, unless a pending row of the key holds its place.
         Returns ``(backed off, failed)`` offered again."""
         group = group.lower()
 

@@ -332,9 +332,9 @@ DELETE FROM connections WHERE node = %(node)s AND grp = %(grp)s AND pid = %(pid)
 -- could deliver are offered again (server/cluster.py, "No message is stranded").
 -- Those backed off for want of a connection come due at once; of those that
 -- exhausted their attempts (only a missing connection fails a poll:// send that way)
--- since %(since)s, the newest of each key comes back as pending — unless a newer row
--- of that key exists, sent or not, or a pending one holds its place (the newer
--- message is the one to send).
+-- since %(since)s, the newest of each key comes back as pending — unless a pending
+-- row of that key holds its place, or (an execute) its task has a newer execute,
+-- sent or not (outbox_task finds it): the newer message is the one to send.
 -- name: connections_revive
 WITH held_back AS (UPDATE outbox SET available_at = created_at WHERE state = 'pending'
     AND available_at > %(now)s::numeric AND last_code = %(no_connection)s AND dest_group
@@ -342,7 +342,8 @@ WITH held_back AS (UPDATE outbox SET available_at = created_at WHERE state = 'pe
     (f.key) f.id FROM outbox AS f WHERE f.state = 'failed' AND f.available_at >=
     %(since)s::numeric AND f.last_code = %(exhausted)s AND f.dest_group || '/' ||
     f.dest_id = ANY(%(pairs)s) AND NOT EXISTS (SELECT 1 FROM outbox AS p WHERE p.key =
-    f.key AND (p.state = 'pending' OR p.id > f.id)) ORDER BY f.key, f.id DESC), revived AS (UPDATE outbox
+    f.key AND p.state = 'pending') AND NOT EXISTS (SELECT 1 FROM outbox AS n WHERE
+    n.task_id = f.task_id AND n.id > f.id) ORDER BY f.key, f.id DESC), revived AS (UPDATE outbox
     AS o SET state = 'pending', attempts = 0, available_at = o.created_at, last_code =
     NULL, updated_at = %(now)s::numeric FROM newest WHERE o.id = newest.id RETURNING o.id)
     SELECT (SELECT count(*) FROM held_back), (SELECT count(*) FROM revived)

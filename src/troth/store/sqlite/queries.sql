@@ -141,12 +141,13 @@ WHERE key = ? AND state = 'pending' AND available_at > created_at
 
 -- What no connection could take (store/outbox.py, OutboxStore.revive): pending rows
 -- backed off past now for want of a connection, and failed rows whose attempts ran
--- out since a cutoff and that are still the newest row of their key.
+-- out since a cutoff, but no execute of a task that has a newer one (sent or not;
+-- found by outbox_task: an execute's key is its task id).
 -- name: stranded
 SELECT id, key, state, address, created_at FROM outbox AS o
 WHERE (state = 'pending' AND available_at > ? AND last_code = ?)
     OR (state = 'failed' AND available_at >= ? AND last_code = ?
-        AND NOT EXISTS (SELECT 1 FROM outbox AS n WHERE n.key = o.key AND n.id > o.id))
+        AND NOT EXISTS (SELECT 1 FROM outbox AS n WHERE n.task_id = o.task_id AND n.id > o.id))
 
 -- The trace context a promise was created in (tracing on: server/tracing.py).
 -- name: get_trace
