@@ -163,6 +163,26 @@ def test_a_failed_message_whose_key_has_a_newer_pending_row_stays_failed(
     assert [r[0] for r in rows(url, key)] == ["failed", "pending"]
 
 
+def test_a_failed_execute_whose_task_has_a_newer_one_already_sent_stays_failed(
+    nodes: tuple[RunningServer, RunningServer], url: str
+) -> None:
+    a, b = nodes
+    key = unreachable(a, url, "stale", "poll://uni@g/w6")
+    exhaust(url, key)
+    # A newer execute of the same task, already delivered: the failed one is history.
+    sql(
+        url,
+        "INSERT INTO outbox (key, address, kind, task_id, version, promise, created_at, state,"
+        " attempts, available_at, updated_at, dest_cast, dest_group, dest_id)"
+        " SELECT key, address, kind, task_id, version + 1, promise, created_at, 'completed', 1,"
+        " available_at, updated_at, dest_cast, dest_group, dest_id FROM outbox WHERE key = %s",
+        key,
+    )
+    with stream(b, "g", "w6"):
+        time.sleep(1.0)
+    assert [r[0] for r in rows(url, key)] == ["failed", "completed"]
+
+
 def test_a_send_settled_just_after_the_publish_is_offered_again_a_heartbeat_later(
     nodes: tuple[RunningServer, RunningServer], url: str
 ) -> None:
