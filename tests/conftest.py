@@ -3,6 +3,7 @@ PostgreSQL database per test module."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,6 +12,42 @@ import pytest
 from helpers import pg
 from helpers.support import RunningServer, running_server
 from troth.server.config import Settings
+from troth.server.logs import QUIET
+
+#: Loggers ``troth serve`` configures (``server/logs.py``, ``server/run.py``).
+CONFIGURED = ("troth", "troth.access", "uvicorn", "uvicorn.error", "uvicorn.access", *QUIET)
+
+
+def _own(handler: logging.Handler) -> bool:
+    """Not one of pytest's capture handlers (pytest adds and removes those itself)."""
+    return not type(handler).__module__.startswith("_pytest")
+
+
+@pytest.fixture(autouse=True)
+def _logging_left_as_found() -> Iterator[None]:
+    """A test that runs ``serve``'s logging set-up in this process (a handler on the
+    root logger, levels) leaves logging as it found it: otherwise a later test's
+    in-process server writes its access lines into that test's captured stderr."""
+    root = logging.getLogger()
+    level, handlers = root.level, [h for h in root.handlers if _own(h)]
+    named = {
+        name: (lg.level, list(lg.handlers), lg.propagate)
+        for name in CONFIGURED
+        for lg in (logging.getLogger(name),)
+    }
+    yield
+    for h in [h for h in root.handlers if _own(h) and h not in handlers]:
+        root.removeHandler(h)
+    for h in handlers:
+        if h not in root.handlers:
+            root.addHandler(h)
+    root.setLevel(level)
+    for name, (lvl, hs, propagate) in named.items():
+        lg = logging.getLogger(name)
+        lg.setLevel(lvl)
+        lg.handlers[:] = hs
+        lg.propagate = propagate
+
 
 BACKENDS = ["memory", "sqlite", "postgres"]
 
