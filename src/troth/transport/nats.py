@@ -23,6 +23,8 @@ acknowledgement, so the outcome is decided by what NATS itself can tell
 * the publish was written but the flush failed or timed out, or the connection
   was lost and made again between the publish and the flush → ``Unknown``
   (``troth.nats.flush_failed``): it may have been routed; the reconciler decides.
+* an address that is no literal subject, or a message over ``max_payload`` →
+  ``Permanent``.
 
 nats-py's ``flush()`` writes its PING straight to the socket, while publishes wait
 in nats-py's own buffer until its flusher task writes them.  A flush begun while
@@ -30,8 +32,6 @@ that task is held up (a socket the kernel drains slowly) would put the PING ahea
 of publishes, and its PONG would come back before NATS had even read them: a "no
 responders" answer would arrive too late and the send be counted delivered.  So
 every flush first waits until nats-py has written what is buffered.
-* an address that is no literal subject, or a message over ``max_payload`` →
-  ``Permanent``.
 
 ``Completed`` means what it means for SSE: handed to a live subscriber's connection,
 not processed — the task's version fences a duplicate, and a lost ``execute`` is
