@@ -141,46 +141,33 @@ def test_a_node_taken_for_dead_republishes_and_gets_what_failed_meanwhile(
     assert sql(url, "SELECT count(*) FROM nodes WHERE node = 'b'") == [(1,)]
 
 
-def test_a_failed_message_whose_key_has_a_newer_pending_row_stays_failed(
-    nodes: tuple[RunningServer, RunningServer], url: str
+@pytest.mark.parametrize(
+    ("newer", "worker"),
+    [("pending", "w4"), ("completed", "w6")],
+    ids=["newer-pending", "newer-already-sent"],
+)
+def test_a_failed_message_with_a_newer_one_of_its_key_stays_failed(
+    nodes: tuple[RunningServer, RunningServer], url: str, newer: str, worker: str
 ) -> None:
+    """A newer message of the same key — pending (held far back so that nothing
+    sends it before the stream opens), or an execute of the same task already
+    delivered — is the one that counts: the failed one is not offered again."""
     a, b = nodes
-    key = unreachable(a, url, "older", "poll://uni@g/w4")
+    key = unreachable(a, url, f"older-{newer}", f"poll://uni@g/{worker}")
     exhaust(url, key)
-    # A newer message of the same key, pending (held far back so that nothing sends
-    # it before the stream opens): it is the one to send, the failed one is not.
     sql(
         url,
         "INSERT INTO outbox (key, address, kind, task_id, version, promise, created_at, state,"
         " attempts, available_at, updated_at, dest_cast, dest_group, dest_id)"
-        " SELECT key, address, kind, task_id, version, promise, created_at, 'pending', 0,"
+        " SELECT key, address, kind, task_id, version + 1, promise, created_at, %s, 0,"
         " %s, updated_at, dest_cast, dest_group, dest_id FROM outbox WHERE key = %s",
+        newer,
         FAR,
         key,
     )
-    with stream(b, "g", "w4"):
+    with stream(b, "g", worker):
         time.sleep(1.0)
-    assert [r[0] for r in rows(url, key)] == ["failed", "pending"]
-
-
-def test_a_failed_execute_whose_task_has_a_newer_one_already_sent_stays_failed(
-    nodes: tuple[RunningServer, RunningServer], url: str
-) -> None:
-    a, b = nodes
-    key = unreachable(a, url, "stale", "poll://uni@g/w6")
-    exhaust(url, key)
-    # A newer execute of the same task, already delivered: the failed one is history.
-    sql(
-        url,
-        "INSERT INTO outbox (key, address, kind, task_id, version, promise, created_at, state,"
-        " attempts, available_at, updated_at, dest_cast, dest_group, dest_id)"
-        " SELECT key, address, kind, task_id, version + 1, promise, created_at, 'completed', 1,"
-        " available_at, updated_at, dest_cast, dest_group, dest_id FROM outbox WHERE key = %s",
-        key,
-    )
-    with stream(b, "g", "w6"):
-        time.sleep(1.0)
-    assert [r[0] for r in rows(url, key)] == ["failed", "completed"]
+    assert [r[0] for r in rows(url, key)] == ["failed", newer]
 
 
 def test_a_send_settled_just_after_the_publish_is_offered_again_a_heartbeat_later(
