@@ -714,7 +714,8 @@ class App:
     async def revive(self, group: str, id: str) -> None:
         """A worker connected to a node of its own (SQLite, memory): what could not be
         delivered to its stream while it was away is offered again (``OutboxStore.
-        revive``; a cluster does the same when a node publishes a stream)."""
+        revive``; a cluster does the same when a node publishes a stream).  The
+        dispatcher is woken once the stream is set up (:meth:`poll`)."""
         if self.delivery is None:
             return
         group = group.lower()  # as the registry and poll:// addresses have it
@@ -736,7 +737,6 @@ class App:
                 held,
                 failed,
             )
-            self.delivery.wake_here()
 
     async def expedite(self, group: str) -> None:
         """A worker of ``group`` connected: the tasks of that group held back by the
