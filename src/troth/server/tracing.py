@@ -257,12 +257,9 @@ class Tracing:
         decide it (``OTEL_TRACES_SAMPLER``; by default every span): the flag its
         stored context carries, so that what joins it later is sampled alike and a
         sampled trace has no unsampled root, nor an unsampled one sampled children."""
-        if admitted.parent is not None:
-            flags = trace.get_current_span(admitted.parent).get_span_context().trace_flags
-            return flags.sampled
-        if admitted.joined is not None:
+        if admitted.parent is None and admitted.joined is not None:
             return admitted.joined[1].endswith("1")
-        return self._root_sampled(admitted.trace_id, admitted.kind)
+        return self.will_sample(admitted.parent or Context(), admitted.trace_id, admitted.kind)
 
     def will_sample(self, parent: Context, trace_id: int, name: str) -> bool:
         """What a parent-based sampler decides for a span in ``parent``: its parent's
