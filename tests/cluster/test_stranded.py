@@ -21,7 +21,7 @@ import pytest
 
 from helpers.pg import throwaway_database
 from helpers.sse import stream
-from helpers.support import RunningServer, running_server
+from helpers.support import RunningServer, running_server, wait_for
 from troth.outbox import codes
 from troth.server.config import Settings
 from troth.store.postgres import PostgresStore
@@ -61,13 +61,6 @@ def sql(url: str, statement: str, *args: object) -> list[tuple[object, ...]]:
 def rows(url: str, key: str) -> list[tuple[object, ...]]:
     """``(state, last_code, attempts)`` of every row of ``key``, oldest first."""
     return sql(url, "SELECT state, last_code, attempts FROM outbox WHERE key = %s ORDER BY id", key)
-
-
-def wait_for(what: str, check: object, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():  # type: ignore[operator]
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 def unreachable(node: RunningServer, url: str, id: str, address: str) -> str:

@@ -11,7 +11,7 @@ import itertools
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
@@ -26,6 +26,14 @@ from troth.store.base import Store
 
 VERSION = "2026-04-01"
 _corr = itertools.count(1)
+
+
+def wait_for(what: str, check: Callable[[], object], timeout: float = 10.0) -> None:
+    """Poll ``check`` until it holds; fail the test saying ``what`` did not happen."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
 
 
 def free_port() -> int:

@@ -470,9 +470,7 @@ def test_concurrent_sends_share_flushes_and_each_learns_its_own_no_responders(
     subscribed send is Completed and received once, each other one is Retryable with
     "no responders"; they share one reply subscription and far fewer flushes than
     sends (a flush begun after a publish covers every publish made before it)."""
-    from troth.outbox.rows import OutboxRow
     from troth.outbox.types import Completed, Retryable
-    from troth.protocol.records import Execute, OutboxEntry
     from troth.transport.nats import NatsLink, NatsSender
 
     async def scenario() -> None:
@@ -493,15 +491,7 @@ def test_concurrent_sends_share_flushes_and_each_learns_its_own_no_responders(
         sender = NatsSender(link, "http://troth")
         try:
             rows = [
-                OutboxRow(
-                    i,
-                    OutboxEntry(
-                        f"nats://batched.{'here' if i % 2 == 0 else 'nobody'}",
-                        Execute(f"t{i}", 1),
-                    ),
-                    0,
-                )
-                for i in range(60)
+                _execute_to(i, f"batched.{'here' if i % 2 == 0 else 'nobody'}") for i in range(60)
             ]
             outcomes = await asyncio.gather(*(sender.send(r) for r in rows))
             for i, outcome in enumerate(outcomes):

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from helpers.sse import stream
-from helpers.support import RunningServer, running_server
+from helpers.support import RunningServer, running_server, wait_for
 from troth.outbox import codes
 from troth.server.config import Settings
 
@@ -32,13 +31,6 @@ def rows(db: Path, key: str) -> list[tuple[object, ...]]:
         return [tuple(r) for r in conn.execute(sql, (key,)).fetchall()]
     finally:
         conn.close()
-
-
-def wait_for(what: str, check: object, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():  # type: ignore[operator]
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 @pytest.fixture
