@@ -39,6 +39,7 @@ WITH_EXAMPLES = [
     "explain",
     "workers",
     "outbox",
+    "cancel",
     "migrate",
     "mcp",
 ]

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Final
 
+from troth.cli.actions import show_cancel, show_retry
 from troth.cli.help import Formatter
 from troth.cli.inspect import show_explain, show_outbox, show_workers
 from troth.cli.remote import DEFAULT_SERVER, Remote, RemoteError, Unreachable
@@ -330,12 +331,28 @@ examples:
   troth workers --server http://troth.internal:8001"""
 
 OUTBOX_EPILOG: Final = """\
-It needs a troth server (its operator API, GET /ops/outbox).
+It needs a troth server (its operator API, GET /ops/outbox). `troth outbox
+retry` offers the deliveries that failed for good again, with fresh attempts
+(POST /ops/outbox/retry): the newest of each message, unless its task is no
+longer pending or a newer message of its key was written.
 
 examples:
   troth outbox --state failed
   troth outbox --task order-42
-  troth outbox --limit 20 --before 1234"""
+  troth outbox --limit 20 --before 1234
+  troth outbox retry --target payments --since 1h --dry-run
+  troth outbox retry --target https://hooks.example.com/resonate"""
+
+CANCEL_EPILOG: Final = """\
+Settles every pending promise of the workflow rooted at ID (the root, and every
+promise tagged resonate:origin = ID) as rejected_canceled, oldest first, in
+transactions of bounded size. Their tasks end; workers holding them are refused
+at their next request. Run it again to finish a cancel that was cut short: only
+what is still pending is settled. It needs a troth server (POST /ops/cancel).
+
+examples:
+  troth cancel order-42 --reason "customer withdrew"
+  troth cancel order-42 --json"""
 
 _VALUE_HELP: Final = 'JSON, e.g. \'{"data": "hello"}\' (data goes out base64-encoded)'
 
@@ -533,6 +550,28 @@ def add_client_commands(sub: Any) -> None:
     p.add_argument("--task", help="only the executes written for this task")
     p.add_argument("--limit", type=int, default=50, help="most shown (%(default)s)")
     p.add_argument("--before", help="rows older than this id (the next page)")
+    p.add_argument(
+        "action",
+        nargs="?",
+        choices=["retry"],
+        help="retry: offer the deliveries that failed for good again, with fresh attempts",
+    )
+    p.add_argument("--target", help="retry: only those to this address or worker group")
+    p.add_argument("--since", help="retry: only those that failed within this duration, e.g. 1h")
+    p.add_argument(
+        "--dry-run", action="store_true", help="retry: count what would be retried, change nothing"
+    )
+
+    p = _command(
+        sub,
+        "cancel",
+        _cancel,
+        common,
+        "cancel a workflow: every pending promise of its tree, the root first",
+        epilog=CANCEL_EPILOG,
+    )
+    p.add_argument("id", help="the workflow's root promise id")
+    p.add_argument("--reason", help="why, kept in the cancelled promises' value")
 
 
 def _local(kind: str) -> Callable[[argparse.Namespace], Request]:
@@ -541,6 +580,17 @@ def _local(kind: str) -> Callable[[argparse.Namespace], Request]:
 
 
 def _outbox(a: argparse.Namespace) -> Request:
+    if a.action == "retry":
+        if a.state or a.task or a.before:
+            raise Usage("outbox retry takes --target, --since and --dry-run only")
+        body: dict[str, Any] = {"dryRun": a.dry_run}
+        if a.target:
+            body["target"] = a.target
+        if a.since:
+            body["since"] = duration(a.since, "--since")
+        return "outbox-retry", body
+    if a.target or a.since or a.dry_run:
+        raise Usage("--target, --since and --dry-run go with `troth outbox retry`")
     params = {"state": a.state, "task": a.task, "limit": str(a.limit), "before": a.before}
     return "outbox", {k: v for k, v in params.items() if v}
 
@@ -551,7 +601,13 @@ LOCAL: Final[dict[str, Callable[[Remote, dict[str, Any], Renderer, argparse.Name
     "explain": lambda remote, data, r, a: show_explain(remote, data["id"], r),
     "workers": lambda remote, data, r, a: show_workers(remote, r),
     "outbox": lambda remote, data, r, a: show_outbox(remote, r, data),
+    "outbox-retry": lambda remote, data, r, a: show_retry(remote, r, data),
+    "cancel": lambda remote, data, r, a: show_cancel(remote, r, data),
 }
+
+
+def _cancel(a: argparse.Namespace) -> Request:
+    return "cancel", _with({"id": a.id}, reason=a.reason)
 
 
 def _by_id(kind: str) -> Callable[[argparse.Namespace], Request]:

@@ -74,10 +74,20 @@ class Remote:
     def operator(self, path: str, params: dict[str, str]) -> Any:
         """``GET /ops/<path>`` (troth's operator API, server/operator.py): its JSON;
         raises :class:`RemoteError` on a refusal, :class:`Unreachable` without one."""
+        return self._ops("GET", path, params=params)
+
+    def action(self, path: str, body: dict[str, Any], timeout: float | None = None) -> Any:
+        """``POST /ops/<path>`` (troth's operator actions, server/actions.py): its
+        JSON, as :meth:`operator`."""
+        return self._ops("POST", path, json=body, timeout=timeout)
+
+    def _ops(self, method: str, path: str, timeout: float | None = None, **kw: Any) -> Any:
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         url = self.server.rstrip("/") + "/ops/" + path
         try:
-            response = httpx.get(url, params=params, headers=headers, timeout=self.timeout)
+            response = httpx.request(
+                method, url, headers=headers, timeout=timeout or self.timeout, **kw
+            )
         except httpx.HTTPError as exc:
             raise Unreachable(f"{self.server} did not answer: {exc}") from exc
         try:

@@ -112,3 +112,8 @@ class OutboxLifecycle(Protocol):
         """A worker connected to ``group/id`` on a node of its own: the rows no
         connection could take for that stream (backed off; failed since ``since``)
         are offered again; how many of each (``store/outbox.py``)."""
+
+    def retry(self, rows: Sequence[tuple[int, str, str | None]], now: int) -> list[int]:
+        """Failed rows ``(id, key, task id)`` pending again with fresh attempts, unless
+        their message is no longer wanted (an operator's ``troth outbox retry``); the
+        ids made pending."""

@@ -26,6 +26,7 @@ from troth.protocol.envelope import EnvelopeError, decode_envelope, encode_respo
 from troth.protocol.limits import too_long
 from troth.protocol.records import TaskRecord
 from troth.protocol.requests import BadRequest, decode_data
+from troth.server.actions import OperatorActions
 from troth.server.auth import Authenticator, Denied, Grant, authorize
 from troth.server.bounces import BounceTracker, Refusal
 from troth.server.cluster import Cluster
@@ -207,6 +208,8 @@ class App:
             cluster_view=view,
             nats_state=nats_state(nats),
         )
+        #: ``POST /ops/…``: cancel a workflow, retry failed deliveries.
+        self.actions = OperatorActions(engine, delivery)
         self.retention = retention
         self.dashboard = Dashboard() if settings.ui else None  # GET /ui (troth/ui)
         #: Requests over NATS (``nats_url``), served by :meth:`envelope` as ``POST /``.
@@ -324,6 +327,16 @@ class App:
             await self.poll(receive, send, parts[2], parts[3])
         elif path.startswith("/ops/") and method == "GET":
             status, answer = await self.operator.answer(path, scope.get("query_string", b""))
+            await respond(send, status, answer)
+        elif path.startswith("/ops/") and method == "POST":
+            try:
+                body = await read_body(scope, receive, self.settings.max_body)
+            except BodyTooLarge:
+                await respond(send, 413, {"error": "Request body too large"})
+                return
+            except ClientGone:
+                return
+            status, answer = await self.actions.answer(path, body)
             await respond(send, status, answer)
         elif path == "/metrics" and method == "GET":
             if self.scrape is not None:

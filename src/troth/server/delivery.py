@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from troth.machine.state import TASK_PENDING, read_task
 from troth.outbox import codes
 from troth.outbox.dispatcher import OutboxDispatcher, new_token
-from troth.outbox.rows import OutboxRow
+from troth.outbox.rows import OutboxLifecycle, OutboxRow
 from troth.outbox.types import (
     Completed,
     DispatchConfig,
@@ -183,6 +183,22 @@ class DeliveryLoop:
             loop.call_soon_threadsafe(self._wake.set)
         if unclaimed > 0:
             self._announce(unclaimed)
+
+    async def offer_again(self, fn: Callable[[OutboxLifecycle], list[int]]) -> list[int]:
+        """Run ``fn``, which makes rows pending again (``troth outbox retry``), where
+        lifecycle calls run; then wake this node's loop and the other nodes for them.
+        The ids made pending."""
+
+        def run() -> list[int]:
+            ids = fn(self.calls.life)
+            if ids:
+                self._announce(len(ids))
+            return ids
+
+        ids = await self.calls(run)
+        if ids:
+            self.wake_here()
+        return ids
 
     def _announce(self, unclaimed: int) -> None:
         if self.announce is not None:

@@ -234,11 +234,13 @@ class Engine:
         keys: tuple[str, ...] = (),
         *,
         read_only: bool = False,
+        settles: tuple[str, ...] = (),
     ) -> Outcome[T]:
         """Run ``fn`` as one job of a batch — the writer's, or with ``read_only`` a
-        reader thread's; what became of it (and what it wrote)."""
+        reader thread's; what became of it (and what it wrote).  ``settles``: the
+        ids among ``keys`` whose promises ``fn`` may settle (``Job.settles``)."""
         fut: asyncio.Future[Outcome[T]] = asyncio.get_running_loop().create_future()
-        self._enqueue(fn, now, keys, read_only, functools.partial(_resolve, fut))
+        self._enqueue(fn, now, keys, read_only, functools.partial(_resolve, fut), settles)
         return await fut
 
     def _enqueue(
@@ -270,10 +272,11 @@ class Engine:
         keys: tuple[str, ...] = (),
         *,
         read_only: bool = False,
+        settles: tuple[str, ...] = (),
     ) -> T:
         """Run ``fn`` as one job of a batch (see :meth:`outcome`); raises what the job
         raised."""
-        return (await self.outcome(fn, now, keys, read_only=read_only)).result()
+        return (await self.outcome(fn, now, keys, read_only=read_only, settles=settles)).result()
 
     async def exclusive(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` on the writer thread between batches (reset, snapshot, ping)."""

@@ -370,6 +370,12 @@ class MemoryOutboxTable(OutboxTable):
             )
         ]
 
+    def newer_execute(self, task_id: str, row_id: int) -> bool:
+        return any(
+            r.id > row_id and isinstance(r.message, Execute) and r.message.task_id == task_id
+            for r in self.b.outbox.values()
+        )
+
     def expedite(self, key: str) -> int:
         row_id = self.b.pending_by_key.get(key)
         row = None if row_id is None else self.b.outbox.get(row_id)

@@ -95,6 +95,10 @@ class OutboxTable(ABC):
     def expedite(self, key: str) -> int:
         """The pending row of ``key``, if held back, due as written (its ``created_at``)."""
 
+    @abstractmethod
+    def newer_execute(self, task_id: str, row_id: int) -> bool:
+        """Whether an execute newer than row ``row_id`` was written for ``task_id``."""
+
     def stranded(self, now: int, since: int) -> list[tuple[int, str, str, str, int]]:
         """``(id, key, state, address, created_at)`` of the rows no connection could
         take: pending and backed off past ``now`` for want of one
@@ -202,6 +206,9 @@ class SqlOutboxTable(OutboxTable):
         count: int = self.cur.execute(self.q["expedite"], (key,)).rowcount
         return count
 
+    def newer_execute(self, task_id: str, row_id: int) -> bool:
+        return self.cur.execute(self.q["newer_execute"], (task_id, row_id)).fetchone() is not None
+
 
 class OutboxStore(ABC):
     """``outbox.rows.OutboxLifecycle`` over a dialect's :class:`OutboxTable`."""
@@ -285,6 +292,27 @@ class OutboxStore(ABC):
             return held, failed
 
         return self.write(run)
+
+    def retry(self, rows: Sequence[tuple[int, str, str | None]], now: int) -> list[int]:
+        return self.write(lambda t: retry_failed(t, rows, now))
+
+
+def retry_failed(
+    t: OutboxTable, rows: Sequence[tuple[int, str, str | None]], now: int
+) -> list[int]:
+    """Failed rows ``(id, key, task id)`` pending again, due now, their attempts
+    starting over (``troth outbox retry``): those still failed, unless a pending row
+    of their key holds its place or a newer execute of their task was written (the
+    newer message is the one that counts).  The ids made pending."""
+    done: list[int] = []
+    for row_id, key, task_id in rows:
+        if t.find(row_id, RowState.FAILED, None) is None or t.has_pending(key):
+            continue
+        if task_id is not None and t.newer_execute(task_id, row_id):
+            continue
+        t.requeue(row_id, 0, None, now, now)
+        done.append(row_id)
+    return done
 
 
 def settle_one(

@@ -135,6 +135,10 @@ SELECT min(available_at) FROM outbox WHERE state = 'pending'
 
 -- A pending row held back (the server's bounce backoff, a requeue) due as written,
 -- i.e. at once: a worker connected.
+-- Whether a newer execute was written for a task (store/outbox.py, retry_failed).
+-- name: newer_execute
+SELECT 1 FROM outbox WHERE task_id = ? AND id > ? LIMIT 1
+
 -- name: expedite
 UPDATE outbox SET available_at = created_at
 WHERE key = ? AND state = 'pending' AND available_at > created_at
