@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Final
 
+from troth.cli import bulk
 from troth.cli.actions import show_cancel, show_retry
 from troth.cli.help import Formatter
 from troth.cli.inspect import show_explain, show_outbox, show_workers
@@ -107,9 +108,16 @@ def _promise_data(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def promise_settle(state: str) -> Callable[[argparse.Namespace], Request]:
+    """One promise by its ID, or (filters instead) every pending one found (bulk.py)."""
+
     def build(a: argparse.Namespace) -> Request:
-        value = value_arg(a.value, "--value")
-        return "promise.settle", {"id": a.id, "state": state, "value": value or {}}
+        problem = bulk.misuse(a)
+        if problem is not None:
+            raise Usage(problem)
+        value = value_arg(a.value, "--value") or {}
+        if a.id is None:
+            return bulk.KIND, bulk.job(state, value, tags_arg(a.tags, "--tags"), a.id_prefix)
+        return "promise.settle", {"id": a.id, "state": state, "value": value}
 
     return build
 
@@ -288,7 +296,21 @@ examples:
   troth promises search --state pending --tags '{"resonate:origin": "order-42"}'
   troth promises create approval-7 --timeout 1h
   troth promises resolve approval-7 --value '{"data": {"ok": true}}'
+  troth promises cancel --state pending --tags '{"batch": "7"}' --dry-run
   troth promises get order-42 --json"""
+
+SETTLE_EPILOG: Final = """\
+With filters instead of an ID it settles every pending promise the search finds
+(promise.search, a page of 100 at a time): it counts them first, --dry-run shows
+the count and the first ids and changes nothing, and it asks before settling
+unless --yes. A settled promise stays settled, so running the same command again
+after an interruption settles the rest. Progress goes to stderr, a summary to
+stdout (--json: as JSON); exit 1 if the server refused any of them.
+
+examples:
+  troth promises {verb} approval-7
+  troth promises {verb} --state pending --tags '{{"batch": "7"}}' --dry-run
+  troth promises {verb} --id-prefix import-2026-03/ --yes"""
 
 TASKS_EPILOG: Final = """\
 examples:
@@ -362,6 +384,15 @@ def _value_flags(p: argparse.ArgumentParser, *names: str) -> None:
         p.add_argument(f"--{name}", help=_VALUE_HELP)
 
 
+def _bulk_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("settle every pending promise found (instead of an ID)")
+    g.add_argument("--state", help="pending (the only state a promise can be settled from)")
+    g.add_argument("--tags", help='JSON object, e.g. \'{"resonate:origin": "wf"}\'')
+    g.add_argument("--id-prefix", metavar="PREFIX", help="only ids starting with PREFIX")
+    g.add_argument("--dry-run", action="store_true", help="count and show them, change nothing")
+    g.add_argument("--yes", action="store_true", help="do not ask for a confirmation")
+
+
 def add_client_commands(sub: Any) -> None:
     """Register ``promises``, ``tasks``, ``schedules`` and ``invoke`` on ``sub``."""
     common = _common()
@@ -381,9 +412,17 @@ def add_client_commands(sub: Any) -> None:
         ("reject", "rejected"),
         ("cancel", "rejected_canceled"),
     ):
-        p = _command(ps, name, promise_settle(state), common, f"settle a promise as {state}")
-        p.add_argument("id", help="the promise's id")
+        p = _command(
+            ps,
+            name,
+            promise_settle(state),
+            common,
+            f"settle a promise, or every pending one found, as {state}",
+            epilog=SETTLE_EPILOG.format(verb=name),
+        )
+        p.add_argument("id", nargs="?", help="the promise's id (or filters instead)")
         _value_flags(p, "value")
+        _bulk_flags(p)
     p = _command(ps, "search", promise_search, common, "list promises by state and tags")
     p.add_argument("--state", help="pending, resolved, rejected, rejected_canceled, …")
     p.add_argument("--tags", help='JSON object, e.g. \'{"resonate:origin": "wf"}\'')
@@ -623,6 +662,8 @@ def run_client(args: argparse.Namespace) -> int:
         print(f"troth: {exc}", file=err)
         return EXIT_USAGE
     remote = Remote(args.server, args.token)
+    if kind == bulk.KIND:
+        return bulk.run(remote, data, args)
     renderer = Renderer(sys.stdout, as_json=args.json)
     try:
         local = LOCAL.get(kind)

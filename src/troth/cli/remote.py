@@ -42,6 +42,9 @@ class Remote:
     server: str = DEFAULT_SERVER
     token: str | None = None
     timeout: float = 30.0
+    #: A client whose connections are kept and reused (many requests in a row, as a
+    #: bulk settle sends); None: a connection per request.
+    http: httpx.Client | None = None
 
     def call(self, kind: str, data: dict[str, Any]) -> tuple[int, Any]:
         """``(status, data)`` of one request; raises :class:`Unreachable`."""
@@ -54,7 +57,8 @@ class Remote:
         url = self.server.rstrip("/") + "/"
         envelope = {"kind": kind, "head": head, "data": data}
         try:
-            response = httpx.post(url, json=envelope, headers=headers, timeout=self.timeout)
+            post = httpx.post if self.http is None else self.http.post
+            response = post(url, json=envelope, headers=headers, timeout=self.timeout)
             body = response.json()
             status = int(body["head"]["status"])
             return status, body.get("data")
