@@ -6,8 +6,10 @@ only, every ``data:`` line is one JSON message.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
+import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -30,6 +32,10 @@ class Stream:
     stop: threading.Event = field(default_factory=threading.Event)
 
     client: httpx.Client | None = None
+    #: The open stream's socket, shut down by :meth:`close` to wake the reader at once
+    #: (closing the client does not interrupt a read already waiting on it: the
+    #: reader would wake only at the server's next keep-alive).
+    sock: socket.socket | None = None
 
     def run(self) -> None:
         try:
@@ -40,6 +46,9 @@ class Stream:
 
     def close(self) -> None:
         self.stop.set()
+        if self.sock is not None:
+            with contextlib.suppress(OSError):
+                self.sock.shutdown(socket.SHUT_RDWR)
         if self.client is not None:
             self.client.close()
 
@@ -47,6 +56,8 @@ class Stream:
         self.client = httpx.Client(timeout=None)
         with self.client.stream("GET", self.url, headers={"accept": "text/event-stream"}) as r:
             assert r.headers["content-type"] == "text/event-stream"
+            stream = r.extensions.get("network_stream")
+            self.sock = stream.get_extra_info("socket") if stream is not None else None
             buffer = b""
             for chunk in r.iter_raw():
                 self.raw.extend(chunk)
