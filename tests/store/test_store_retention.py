@@ -8,8 +8,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
+from helpers import pg
 from helpers.store_jobs import promise as make
 from helpers.store_jobs import put, run
 from troth.protocol.records import Execute, Task
@@ -137,5 +139,26 @@ def test_a_new_sqlite_file_gives_deleted_pages_back(tmp_path: Path) -> None:
         assert store.reclaim(100_000) == 0  # no free page left
         store.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         assert db.stat().st_size < full / 4
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("table", ["promises", "tasks"])
+def test_postgres_skips_a_tree_a_request_holds_a_row_of(pg_url: str, table: str) -> None:
+    """A request that holds one row of a tree (its row lock) makes the whole tree wait
+    for a later pass, never half of it; the other trees of the batch go."""
+    store = pg.fresh_store(pg_url)
+    try:
+        workflow(store, "held", settled=100)
+        workflow(store, "free", settled=200)
+        with psycopg.connect(pg_url) as other:
+            other.execute(f"SELECT 1 FROM {table} WHERE id = 'held.2' FOR UPDATE")
+            first = sweep(store)
+            assert (first.trees, first.skipped, first.deleted) == (1, 1, ["free"])
+            assert "held.2" in ids(store)["promises"]
+            assert "held" in ids(store)["tasks"]
+        second = sweep(store)
+        assert (second.trees, second.deleted) == (1, ["held"])
+        assert ids(store) == {"promises": [], "tasks": [], "outbox": []}
     finally:
         store.close()

@@ -1,7 +1,8 @@
 """Does retention keep the store bounded, and what does it cost? (docs/operations.md,
 "Retention")
 
-``python -m troth.bench.retention [--seconds 60] [--horizon 10s] [--clients 32]``
+``python -m troth.bench.retention [--seconds 60] [--horizon 10s] [--clients 32]
+[--backlog SECONDS]``
 runs the same steady workflow load — each workflow a root and three children, all
 created and settled, eight requests — against two ``troth serve`` processes on
 SQLite (synchronous FULL), one after the other: one with ``--retention`` and one
@@ -9,6 +10,11 @@ without (the control).  Every few seconds it samples the database's size (the ma
 file, the WAL, and the pages in use: ``page_count - freelist_count``) and prints the
 series side by side, with the workflows per second each sustained.  A bounded store
 shows a flat line after the first horizon; the control grows with the load.
+
+``--backlog S`` measures the other thing an operator meets: S seconds of load
+without retention, then the server restarted with ``--retention`` on the same file,
+and ``--seconds`` more of the same load while retention catches up, in windows:
+workflows per second, request p99 and max, and ``troth_retention_behind_seconds``.
 """
 
 from __future__ import annotations
@@ -53,7 +59,9 @@ def envelope(kind: str, data: dict[str, object], corr: str) -> bytes:
     return _encode({"kind": kind, "head": {"corrId": corr, "version": "2026-04-01"}, "data": data})
 
 
-async def client(port: int, prefix: str, stop: float, run: Run) -> None:
+async def client(
+    port: int, prefix: str, stop: float, run: Run, windows: Windows | None = None
+) -> None:
     conn = await HttpConnection.open("127.0.0.1", port)
     try:
         for n in itertools.count():
@@ -85,12 +93,129 @@ async def client(port: int, prefix: str, stop: float, run: Run) -> None:
                 envelope("promise.settle", {"id": root, "state": "resolved", "value": {}}, root)
             )
             for body in bodies:
+                began = time.perf_counter()
                 status, answer = await conn.post(body)
                 if status != 200:
                     raise RuntimeError(f"{status}: {answer[:200]!r}")
+                if windows is not None:
+                    windows.request(time.perf_counter() - began)
             run.workflows += 1
+            if windows is not None:
+                windows.workflows += 1
     finally:
         conn.close()
+
+
+@dataclass
+class Window:
+    """One window of a backlog run: its phase, workflows per second, request latency
+    (p99 and max, ms) and how far behind retention said it was at its end (s)."""
+
+    phase: str
+    rate: float
+    p99: float
+    max: float
+    behind: float | None
+
+
+@dataclass
+class Windows:
+    """Counts of the window under way (the clients add to it)."""
+
+    workflows: int = 0
+    latencies: list[float] = field(default_factory=list)
+
+    def request(self, seconds: float) -> None:
+        self.latencies.append(seconds)
+
+    def close(self, phase: str, seconds: float, behind: float | None) -> Window:
+        ordered = sorted(self.latencies) or [0.0]
+        p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+        w = Window(phase, self.workflows / seconds, p99 * 1000, ordered[-1] * 1000, behind)
+        self.workflows, self.latencies = 0, []
+        return w
+
+
+async def behind_seconds(port: int) -> float | None:
+    """``troth_retention_behind_seconds`` from the server's /metrics (None: none)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(b"GET /metrics HTTP/1.0\r\nHost: bench\r\n\r\n")
+        await writer.drain()
+        text = (await reader.read()).decode(errors="replace")
+    finally:
+        writer.close()
+    for line in text.splitlines():
+        if line.startswith("troth_retention_behind_seconds "):
+            return float(line.split()[1])
+    return None
+
+
+async def backlog_phase(
+    server: ServerProcess, phase: str, seconds: float, clients: int, window: float
+) -> list[Window]:
+    """``clients`` steady workflow clients for ``seconds``, measured in windows."""
+    await server.start()
+    run, current, out = Run(phase), Windows(), []
+    try:
+        began = time.monotonic()
+        stop = began + seconds
+        load = [
+            asyncio.create_task(client(server.port, f"{phase}{k}-", stop, run, current))
+            for k in range(clients)
+        ]
+        mark = began
+        while time.monotonic() + window <= stop + 0.5:
+            await asyncio.sleep(mark + window - time.monotonic())
+            now = time.monotonic()
+            behind = await behind_seconds(server.port)
+            out.append(current.close(phase, now - mark, behind))
+            print(_window_line(len(out), out[-1]), flush=True)
+            mark = now
+        await asyncio.gather(*load)
+    finally:
+        server.kill()
+    return out
+
+
+def _window_line(n: int, w: Window) -> str:
+    behind = "-" if w.behind is None else f"{w.behind:.0f}"
+    return f"{n:3} {w.phase:18} {w.rate:9,.0f} {w.p99:8.1f} {w.max:8.1f} {behind:>8}"
+
+
+async def backlog(args: argparse.Namespace) -> int:
+    """The operator's day: a store run without retention for ``--backlog`` seconds,
+    then restarted with ``--retention HORIZON`` on the same file (a backlog of
+    ``backlog - horizon`` seconds of workflows) and run ``--seconds`` more under the
+    same load.  The ratio of the worst window with retention to the median window
+    without it says what catching up costs the foreground."""
+    window = args.window
+    with tempfile.TemporaryDirectory(prefix="troth-retention-") as tmp:
+        work = Path(tmp)
+        db = work / "backlog.db"
+        extra = ["--retention", args.horizon, "--retention-interval", "1"]
+        print(f"steady load: {counted(args.clients, 'client')}, workflows of 4 promises")
+        print(f"{'#':>3} {'phase':18} {'wf/s':>9} {'p99 ms':>8} {'max ms':>8} {'behind s':>8}")
+        plain = ServerProcess.troth(work / "a", db, synchronous="full")
+        without = await backlog_phase(
+            plain, "without retention", args.backlog, args.clients, window
+        )
+        kept = ServerProcess.troth(work / "b", db, synchronous="full", extra=extra)
+        with_ = await backlog_phase(kept, "with retention", args.seconds, args.clients, window)
+    base = sorted(w.rate for w in without[1:] or without)
+    median = base[len(base) // 2]
+    p99s = sorted(w.p99 for w in without[1:] or without)
+    p99 = p99s[len(p99s) // 2]
+    worst = min(with_, key=lambda w: w.rate)
+    print(
+        f"worst window with retention: {worst.rate:,.0f} wf/s = {worst.rate / median:.2f}x the"
+        f" median without ({median:,.0f}); p99 {max(w.p99 for w in with_):.1f} ms ="
+        f" {max(w.p99 for w in with_) / p99:.2f}x ({p99:.1f})"
+    )
+    first, last = with_[0].behind, with_[-1].behind
+    if first is not None and last is not None:
+        print(f"retention behind: {first:.0f} s in the first window, {last:.0f} s in the last")
+    return 0
 
 
 def sample(db: Path) -> tuple[float, float, float]:
@@ -178,6 +303,8 @@ async def _load(
 async def main_async(args: argparse.Namespace) -> int:
     horizon = args.horizon
     parse_duration(horizon)  # a clear error before anything starts
+    if args.backlog:
+        return await backlog(args)
     with tempfile.TemporaryDirectory(prefix="troth-retention-") as tmp:
         work = Path(tmp)
         common = ["--retention-interval", "1"]
@@ -223,6 +350,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--every", type=float, default=5.0, help="seconds between samples")
     parser.add_argument("--rounds", type=int, default=2, help="alternating runs of each")
+    parser.add_argument(
+        "--backlog",
+        type=float,
+        default=0.0,
+        help="seconds of load without retention, then a restart with --retention on the"
+        " same file and --seconds more: what catching up costs (windows of --window s)",
+    )
+    parser.add_argument("--window", type=float, default=10.0, help="--backlog: window seconds")
     parser.add_argument(
         "--vacuum",
         action="store_true",

@@ -25,7 +25,7 @@ from typing import Any, Final
 
 import msgspec
 
-from troth.protocol.records import PENDING, Promise, Task
+from troth.protocol.records import PENDING, TAG_ORIGIN, Promise, Task
 from troth.store.codec import PROMISE_COLS, TASK_COLS, RowCodec
 from troth.store.outbox import Cursor
 
@@ -162,9 +162,120 @@ class SqlRetention(Retention):
                 return None
         return promises, tasks
 
-    def delete(self, tree: Tree) -> tuple[int, int, int]:
-        promise_ids = [p.id for p in tree.promises]
-        task_ids = [t.id for t in tree.tasks]
+    def sweep(
+        self, cutoff: int, after: tuple[int, str], limit: int, archive: Archive | None
+    ) -> Swept:
+        """:meth:`Retention.sweep` in a few statements for the whole batch rather than
+        five per tree: every candidate's members read at once (only the columns the
+        rule needs, unless an archive wants whole rows), then deleted at once.  Same
+        outcome: a tree goes whole or stays whole, in this one transaction."""
+        found = self.candidates(cutoff, after, limit)
+        out = Swept(cursor=found[-1] if len(found) == limit else None)
+        if not found:
+            return out
+        members = self._members([id for _, id in found])
+        if members is None:
+            return out
+        keep: list[tuple[int, str]] = []
+        for at, root in found:
+            tree = members.get(root)
+            if not tree or not all(
+                state != PENDING and when < cutoff for _, state, when, _task in tree
+            ):
+                out.skipped += 1
+                continue
+            keep.append((at, root))
+            out.behind_ms = max(out.behind_ms, cutoff - at)
+        if not keep:
+            return out
+        promise_ids = [m[0] for _, root in keep for m in members[root]]
+        task_ids = [m[0] for _, root in keep for m in members[root] if m[3]]
+        if archive is not None:
+            archive(self._trees([root for _, root in keep], promise_ids, task_ids))
+        rows, tasks, promises = self._delete(promise_ids, task_ids)
+        out.trees, out.promises, out.tasks, out.outbox = len(keep), promises, tasks, rows
+        out.deleted = [root for _, root in keep]
+        return out
+
+    def _members(self, roots: list[str]) -> dict[str, list[tuple[str, str, int, bool]]] | None:
+        """``root → [(id, state, settled at, has a task)]`` of every candidate's tree;
+        a tree some of whose rows another transaction holds (skip-locked) is left
+        out, as is every tree when rows lock and the reads disagree."""
+        out: dict[str, list[tuple[str, str, int, bool]]] = {}
+        o = self.codec.int_out
+        for chunk in _chunks(roots):
+            marks = ", ".join([self.mark] * len(chunk))
+            where = f"(origin IN ({marks}) OR id IN ({marks}))"
+            rows = self.cur.execute(
+                "SELECT p.id, coalesce(p.origin, p.id), p.state, p.settled_at, p.timeout_at,"
+                " t.id IS NOT NULL FROM promises AS p LEFT JOIN tasks AS t ON t.id = p.id"
+                f" WHERE (p.origin IN ({marks}) OR p.id IN ({marks})) ORDER BY p.id",
+                [*chunk, *chunk],
+            ).fetchall()
+            for id, root, state, settled, timeout, task in rows:
+                when = o(settled) if settled is not None else o(timeout)
+                out.setdefault(str(root), []).append((str(id), str(state), int(when), bool(task)))
+            if self.lock:
+                self._lock_or_drop(where, chunk, out)
+        return out
+
+    def _lock_or_drop(
+        self, where: str, chunk: list[str], out: dict[str, list[tuple[str, str, int, bool]]]
+    ) -> None:
+        """Rows lock (PostgreSQL): lock the chunk's promises and tasks, skipping those
+        a request holds; a tree that lost a row to the skip (or gained one since the
+        read) is dropped from ``out``: the next pass looks at it again."""
+        params = [*chunk, *chunk]
+        locked = self.cur.execute(
+            f"SELECT id, coalesce(origin, id) FROM promises WHERE {where} {self.lock}", params
+        ).fetchall()
+        have: dict[str, set[str]] = {}
+        for id, root in locked:
+            have.setdefault(str(root), set()).add(str(id))
+        ids = [m[0] for root in chunk for m in out.get(root, []) if m[3]]
+        held: set[str] = set()
+        for part in _chunks(ids):
+            marks = ", ".join([self.mark] * len(part))
+            held |= {
+                str(r[0])
+                for r in self.cur.execute(
+                    f"SELECT id FROM tasks WHERE id IN ({marks}) {self.lock}", part
+                ).fetchall()
+            }
+        for root in chunk:
+            tree = out.get(root)
+            if tree is None:
+                continue
+            if {m[0] for m in tree} != have.get(root, set()) or any(
+                m[3] and m[0] not in held for m in tree
+            ):
+                del out[root]
+
+    def _trees(self, roots: list[str], promise_ids: list[str], task_ids: list[str]) -> list[Tree]:
+        """Whole rows of the trees about to go, for the archive."""
+        promises: dict[str, list[Promise]] = {r: [] for r in roots}
+        tasks: dict[str, list[Task]] = {r: [] for r in roots}
+        root_of: dict[str, str] = {}
+        for part in _chunks(promise_ids):
+            marks = ", ".join([self.mark] * len(part))
+            sql = f"SELECT {PROMISE_COLS} FROM promises WHERE id IN ({marks}) ORDER BY id"
+            for r in self.cur.execute(sql, part).fetchall():
+                p = self.codec.promise(r)
+                root = p.tags.get(TAG_ORIGIN) or p.id
+                root_of[p.id] = root
+                promises[root].append(p)
+        for part in _chunks(task_ids):
+            marks = ", ".join([self.mark] * len(part))
+            sql = f"SELECT {TASK_COLS} FROM tasks WHERE id IN ({marks}) ORDER BY id"
+            for r in self.cur.execute(sql, part).fetchall():
+                t = self.codec.task(r)
+                tasks[root_of[t.id]].append(t)
+        return [
+            Tree(root, sorted(promises[root], key=lambda p: p.id), tasks[root]) for root in roots
+        ]
+
+    def _delete(self, promise_ids: list[str], task_ids: list[str]) -> tuple[int, int, int]:
+        """``(outbox rows, tasks, promises)`` deleted, a chunk of ids per statement."""
         rows = tasks = promises = 0
         for chunk in _chunks(task_ids):
             marks = ", ".join([self.mark] * len(chunk))
@@ -182,6 +293,12 @@ class SqlRetention(Retention):
             promises += int(
                 self.cur.execute(f"DELETE FROM promises WHERE id IN ({marks})", chunk).rowcount
             )
+        return rows, tasks, promises
+
+    def delete(self, tree: Tree) -> tuple[int, int, int]:
+        rows, tasks, promises = self._delete(
+            [p.id for p in tree.promises], [t.id for t in tree.tasks]
+        )
         return promises, tasks, rows
 
 
