@@ -190,3 +190,40 @@ def test_the_exposition_passes_promtool(exposition: str) -> None:
         timeout=60,
     )
     assert r.returncode == 0 and not r.stdout.strip(), r.stdout + r.stderr
+
+
+def test_the_retention_alert_fires_only_while_it_loses_ground(tmp_path: Path) -> None:
+    """``promtool test rules``: behind an hour and growing for half an hour fires;
+    behind as much but catching up does not."""
+    assert PROMTOOL is not None
+    # The rule's own description, as promtool renders it (folded to one line).
+    text = ALERTS.read_text()
+    block = text[text.index("alert: TrothRetentionFallingBehind") :]
+    folded = block[block.index("description: >-") + len("description: >-") :]
+    folded = folded.split("- alert:")[0]
+    description = " ".join(folded.split())
+    cases = tmp_path / "retention_test.yml"
+    cases.write_text(
+        f"""rule_files: [{ALERTS}]
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+      - series: 'troth_retention_behind_seconds{{job="t", instance="a"}}'
+        values: '3600+60x90'
+      - series: 'troth_retention_behind_seconds{{job="t", instance="b"}}'
+        values: '9000-60x90'
+    alert_rule_test:
+      - eval_time: 80m
+        alertname: TrothRetentionFallingBehind
+        exp_alerts:
+          - exp_labels: {{job: t, instance: a, severity: warning}}
+            exp_annotations:
+              summary: "troth a: retention is 2h 20m 0s behind and losing ground"
+              description: {json.dumps(description)}
+"""
+    )
+    r = subprocess.run(
+        [PROMTOOL, "test", "rules", str(cases)], capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 0, r.stdout + r.stderr

@@ -162,3 +162,27 @@ def test_postgres_skips_a_tree_a_request_holds_a_row_of(pg_url: str, table: str)
         assert ids(store) == {"promises": [], "tasks": [], "outbox": []}
     finally:
         store.close()
+
+
+def test_sqlite_commits_a_batch_without_its_own_fsync_then_is_full_again(
+    tmp_path: Path,
+) -> None:
+    """A retention batch commits with ``synchronous = NORMAL`` (idempotent work, made
+    durable by the next request's fsync); every other commit stays FULL."""
+    store = SqliteStore(tmp_path / "t.db")
+    try:
+        workflow(store, "wf", settled=100)
+        seen: list[int] = []
+
+        def batch(r: Any) -> Swept:
+            seen.append(store.conn.execute("PRAGMA synchronous").fetchone()[0])
+            return r.sweep(CUTOFF, START, 10, None)
+
+        assert store.retain(batch).deleted == ["wf"]
+        assert seen == [1]  # NORMAL while the batch ran
+        assert store.conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+        with pytest.raises(RuntimeError):
+            store.retain(lambda r: (_ for _ in ()).throw(RuntimeError("boom")))
+        assert store.conn.execute("PRAGMA synchronous").fetchone()[0] == 2
+    finally:
+        store.close()

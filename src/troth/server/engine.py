@@ -88,6 +88,8 @@ class _Work:
     answered: bool = False
     #: When it was queued (``time.monotonic``): its deadline counts from here.
     queued: float = 0.0
+    #: Exclusive work run on the event loop rather than lent (``Engine.exclusive``).
+    here: bool = False
 
 
 #: What takes a job's outcome, on the event loop: a future's setter, or a request's
@@ -278,11 +280,18 @@ class Engine:
         raised."""
         return (await self.outcome(fn, now, keys, read_only=read_only, settles=settles)).result()
 
-    async def exclusive(self, fn: Callable[[], T]) -> T:
-        """Run ``fn`` on the writer thread between batches (reset, snapshot, ping)."""
+    async def exclusive(self, fn: Callable[[], T], *, here: bool = False) -> T:
+        """Run ``fn`` on the writer thread between batches (reset, snapshot, ping).
+
+        ``here`` (a store whose batches run on the event loop): on the event loop
+        instead, between two batches, as they run — for short work that waits on no
+        fsync (a retention batch): lent to the writer thread, every statement of it
+        would wait to take the GIL back from a loop busy with requests, and the
+        requests would wait for the connection that long."""
         loop = asyncio.get_running_loop()
         done: asyncio.Future[Outcome[T]] = loop.create_future()
         work = _Work(None, fn, functools.partial(_resolve, done), loop)
+        work.here = here and self.store.loop_batches
         if self.store.loop_batches:
             self._submit(work)
         else:
@@ -410,7 +419,11 @@ class Engine:
         if self._lent or not pending:
             return
         if pending[0].exclusive is not None:
-            self._lend(functools.partial(self._run_exclusive, pending.popleft()))
+            work = pending.popleft()
+            if work.here:
+                self._run_here(work)
+                return
+            self._lend(functools.partial(self._run_exclusive, work))
             return
         works: list[_Work] = []
         while pending and len(works) < MAX_BATCH and pending[0].exclusive is None:
@@ -613,6 +626,19 @@ class Engine:
                 work.done(Outcome(error=fault))
         if fault is not None and silent:
             self.refused(fault)
+
+    def _run_here(self, work: _Work) -> None:
+        """Exclusive work on the event loop (``here``), then what waits behind it."""
+        assert work.exclusive is not None
+        try:
+            outcome = Outcome[Any](value=work.exclusive())
+            self._progress = time.monotonic()
+        except BaseException as exc:
+            outcome = Outcome(error=exc)
+        _deliver([(work.done, outcome)])
+        if self._pending and not self._kicked:
+            self._kicked = True
+            work.loop.call_soon(self._kick)
 
     def _run_exclusive(self, work: _Work) -> None:
         assert work.exclusive is not None

@@ -3,11 +3,20 @@ background, a small batch at a time (docs/operations.md, "Retention"; the rules 
 store/retention.py's).
 
 Each batch runs between request batches (on the writer thread, for one writer) or on
-a session of its own (PostgreSQL, where it never waits for a request's rows), then
-the loop yields before the next one; a pass over every candidate root ends in a
-pause of ``retention_interval`` seconds.  With ``archive_dir`` every tree is first
-written as one JSON line to a gzip file of the day; a write that fails stops the
-deletion (the batch rolls back) and the loop tries again after the pause.
+a session of its own (PostgreSQL, where it never waits for a request's rows); a pass
+over every candidate root ends in a pause of ``retention_interval`` seconds.
+
+Catching up is background work.  While requests are being served, a batch is sized
+to hold the writer about :data:`TARGET` seconds and is followed by a pause long
+enough that retention takes at most :data:`SHARE` of the writer's time; when no
+request came since the last batch, the next one follows at once, with as many roots
+as ``retention_batch`` allows.  So retention uses what the foreground leaves idle,
+and under a load that leaves it no room it falls behind rather than slowing every
+request: ``troth_retention_behind_seconds`` then grows, and the log says so.
+
+With ``archive_dir`` every tree is first written as one JSON line to a gzip file of
+the day; a write that fails stops the deletion (the batch rolls back) and the loop
+tries again after the pause.
 """
 
 from __future__ import annotations
@@ -31,8 +40,15 @@ from troth.store.retention import START, Swept, Tree
 
 log = logging.getLogger("troth.retention")
 
-#: Seconds between two batches of one pass (the loop yields to requests).
+#: Shortest pause between two batches of one pass while requests are being served.
 BETWEEN_BATCHES: Final = 0.01
+#: The share of the writer's time retention may take while requests are being served.
+SHARE: Final = 0.15
+#: How long one batch should hold the writer while requests are being served (s).
+TARGET: Final = 0.002
+#: How far behind (ms) retention may be before the log says so, and how often (s).
+BEHIND_WARN: Final = 600_000
+BEHIND_EVERY: Final = 300.0
 
 
 class Archive:
@@ -81,6 +97,12 @@ class RetentionLoop:
         self.cursor = START
         self.behind_ms = 0
         self.last_run = 0.0
+        #: Roots the next batch looks at (up to ``batch``; fewer under load).
+        self.roots = batch
+        #: Seconds the last batch held the writer (or its session).
+        self.held = 0.0
+        self._jobs = 0
+        self._warned = 0.0
         self._task: asyncio.Task[None] | None = None
         #: Told of each batch and how long it took (tracing).
         self.on_batch: Callable[[Swept, float], None] | None = None
@@ -106,13 +128,19 @@ class RetentionLoop:
             if self.archive is not None:
                 self.archive.write(trees, now)
 
+        roots = self.roots
+
         def batch() -> Swept:
-            return store.retain(lambda r: r.sweep(cutoff, cursor, self.batch, archive))
+            began = time.perf_counter()
+            try:
+                return store.retain(lambda r: r.sweep(cutoff, cursor, roots, archive))
+            finally:
+                self.held = time.perf_counter() - began
 
         if store.shared:
             swept = await asyncio.to_thread(batch)  # its own session, skip-locked
-        else:
-            swept = await self.engine.exclusive(batch)  # between request batches
+        else:  # between request batches; on the event loop where they run there
+            swept = await self.engine.exclusive(batch, here=True)
         self.cursor = swept.cursor if swept.cursor is not None else START
         self.behind_ms = swept.behind_ms if swept.trees else 0
         self.last_run = time.time()
@@ -144,7 +172,32 @@ class RetentionLoop:
                 await self._reclaim()
                 await asyncio.sleep(self.interval)
             else:
-                await asyncio.sleep(BETWEEN_BATCHES)
+                await asyncio.sleep(self.pace())
+
+    def pace(self) -> float:
+        """After a batch: how long to wait before the next, and its size.  Busy (a
+        request ran since the last batch): the batch is sized toward :data:`TARGET`
+        and the pause keeps retention within :data:`SHARE` of the writer.  Idle: at
+        once, and as big as ``retention_batch``."""
+        jobs = self.engine.stats.jobs
+        busy, self._jobs = jobs != self._jobs, jobs
+        if not busy:
+            self.roots = self.batch
+            return 0.0
+        held = max(self.held, 1e-4)
+        if held > TARGET:
+            self.roots = max(1, int(self.roots * TARGET / held))
+        elif held < TARGET / 2:
+            self.roots = min(self.batch, self.roots * 2)
+        if self.behind_ms > BEHIND_WARN and time.monotonic() - self._warned > BEHIND_EVERY:
+            self._warned = time.monotonic()
+            log.warning(
+                "retention is %.0f s behind its horizon: requests keep the writer busy and it"
+                " takes at most %d%% of it while they do (docs/operations.md, 'Retention')",
+                self.behind_ms / 1000,
+                SHARE * 100,
+            )
+        return max(BETWEEN_BATCHES, held * (1 - SHARE) / SHARE)
 
     async def _reclaim(self) -> None:
         """The pass is over: give freed pages back (a SQLite file made with incremental

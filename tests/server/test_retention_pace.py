@@ -1,0 +1,60 @@
+"""How the retention loop paces itself (server/retention.py, ``RetentionLoop.pace``):
+while requests are being served it takes at most a fifth of the writer, in batches
+sized toward a short hold; when none came since its last batch it goes on at once
+with full batches; and it says in the log when it falls far behind."""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+
+from troth.server.engine import Engine
+from troth.server.metrics import Metrics
+from troth.server.retention import BETWEEN_BATCHES, SHARE, TARGET, RetentionLoop
+
+
+def loop(batch: int = 100) -> tuple[RetentionLoop, Any]:
+    engine = SimpleNamespace(stats=SimpleNamespace(jobs=0))
+    made = RetentionLoop(cast(Engine, engine), 60_000, batch=batch, interval=1.0, metrics=Metrics())
+    return made, engine
+
+
+def test_idle_goes_on_at_once_with_full_batches() -> None:
+    r, _ = loop()
+    r.roots, r.held = 3, 0.5
+    assert r.pace() == 0.0
+    assert r.roots == 100
+
+
+def test_busy_keeps_to_its_share_and_shrinks_a_long_batch() -> None:
+    r, engine = loop()
+    engine.stats.jobs = 10  # requests ran since the last batch
+    r.held = 4 * TARGET
+    pause = r.pace()
+    assert pause == pytest.approx(r.held * (1 - SHARE) / SHARE)
+    assert r.held / (r.held + pause) == pytest.approx(SHARE)
+    assert r.roots == 25  # a quarter: toward TARGET
+    engine.stats.jobs = 20
+    r.held = TARGET / 10  # short batches grow back, never past retention_batch
+    assert r.pace() == BETWEEN_BATCHES
+    assert r.roots == 50
+    for _ in range(5):
+        engine.stats.jobs += 1
+        r.pace()
+    assert r.roots == 100
+
+
+def test_far_behind_under_load_is_logged_once_a_while(caplog: pytest.LogCaptureFixture) -> None:
+    r, engine = loop()
+    r.behind_ms = 3_600_000
+    r.held = TARGET
+    with caplog.at_level(logging.WARNING, logger="troth.retention"):
+        engine.stats.jobs = 1
+        r.pace()
+        engine.stats.jobs = 2
+        r.pace()
+    lines = [m for m in caplog.messages if "retention is 3600 s behind" in m]
+    assert len(lines) == 1
