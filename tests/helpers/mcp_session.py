@@ -33,6 +33,7 @@ TOOLS = {
     "tree",
     "explain",
     "workers",
+    "workflow-cancel",
     "schedule-create",
     "schedule-get",
     "schedule-delete",

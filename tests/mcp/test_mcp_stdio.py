@@ -205,3 +205,24 @@ def test_schedules(server: LoggedServer) -> None:
             assert info["status"] == 404
 
     anyio.run(scenario)
+
+
+def test_workflow_cancel_cancels_the_tree_and_reports_a_refusal(server: LoggedServer) -> None:
+    for id in ("wf-9", "wf-9.1", "wf-9.2", "other"):
+        tags = {"resonate:origin": "other" if id == "other" else "wf-9"}
+        status, _ = server.call("promise.create", {"id": id, "timeoutAt": 10**13, "tags": tags})
+        assert status == 200
+
+    async def scenario() -> None:
+        async with stdio(server.url) as client:
+            done = await call(client, "workflow-cancel", id="wf-9", reason="agent looping")
+            assert (done["canceled"], done["first"][0]) == (3, "wf-9")
+            again = await call(client, "workflow-cancel", id="wf-9")
+            assert again["canceled"] == 0
+            text, _ = await refused(client, "workflow-cancel", id="nobody")
+            assert "404" in text and "nobody" in text
+
+    anyio.run(scenario)
+    for id in ("wf-9", "wf-9.1", "wf-9.2"):
+        assert server.promise_value(id) == ("rejected_canceled", {"reason": "agent looping"})
+    assert server.promise_value("other")[0] == "pending"

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from troth.cli import client
+from troth.cli.actions import CANCEL_TIMEOUT
 from troth.cli.remote import Remote
 from troth.cli.tree import fetch as fetch_tree
 from troth.protocol.records import TAG_EXTERNAL
@@ -222,6 +223,11 @@ def workers(remote: Remote, args: dict[str, Any]) -> Any:
     return remote.operator("workers", {})
 
 
+def workflow_cancel(remote: Remote, args: dict[str, Any]) -> Any:
+    body = {"id": args["id"], **({"reason": args["reason"]} if args.get("reason") else {})}
+    return remote.action("cancel", body, timeout=CANCEL_TIMEOUT)
+
+
 # -- schedules --------------------------------------------------------------------------------
 
 
@@ -397,6 +403,23 @@ TOOLS: Final[tuple[Tool, ...]] = (
         workers,
         read_only=True,
         idempotent=True,
+    ),
+    Tool(
+        "workflow-cancel",
+        "Cancel a whole workflow: every pending promise of the tree rooted at 'id' (the "
+        "root and every promise of its call graph) is settled rejected_canceled, the "
+        "root first. Its workers are refused at their next step, so it runs no further "
+        "step; whoever waits on it resumes with rejected_canceled. Calling it again "
+        "finishes a cancel that was cut short and otherwise changes nothing. "
+        "Needs a troth server (and an admin token when auth is on).",
+        _schema(
+            ["id"],
+            id=_with(_ID, "the workflow's root promise id"),
+            reason={"type": "string", "description": "why, kept in the promises' value"},
+        ),
+        workflow_cancel,
+        idempotent=True,
+        destructive=True,
     ),
     Tool(
         "schedule-create",
