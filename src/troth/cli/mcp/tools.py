@@ -170,7 +170,9 @@ def promise_settle(remote: Remote, args: dict[str, Any]) -> Any:
     state = _RESOLUTIONS.get(args["resolution"])
     if state is None:
         raise ToolError("resolution must be resolve, reject or cancel")
-    ns = _namespace({"id": args["id"], "value": _as_json(args.get("value"))})
+    # One promise by its id: the command's filters (a bulk settle) stay unset.
+    one = {"state": None, "tags": None, "id_prefix": None, "dry_run": False, "yes": False}
+    ns = _namespace({"id": args["id"], "value": _as_json(args.get("value")), **one})
     return _send(remote, _run(client.promise_settle(state), ns))
 
 
