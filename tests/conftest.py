@@ -51,6 +51,71 @@ def _logging_left_as_found() -> Iterator[None]:
 
 BACKENDS = ["memory", "sqlite", "postgres"]
 
+#: What a test module's source names when it needs more than this process: a child
+#: process, PostgreSQL, NATS, a browser, the SDKs, faked time or namespaces.  Such a
+#: module is not in the fast tier (``--fast``), nor is any test on PostgreSQL.
+SLOW_MARKS = (
+    "subprocess",
+    "serve_process",
+    "troth_process",
+    "sdk_env",
+    "nats",
+    "pg_url",
+    "throwaway_database",
+    "create_database",
+    "pgbouncer",
+    "pgcluster",
+    "faketime",
+    "netns",
+    "browser",
+    "playwright",
+    "tmpfs",
+    "install",
+)
+#: Folders whose every test drives such things.
+SLOW_FOLDERS = ("sdk", "ui", "mcp", "release", "upgrade", "faults", "cluster", "messaging")
+#: Modules that wait out real socket deadlines and keep-alives (seconds each), and
+#: the bench's own tests.
+SLOW_MODULES = ("test_direct_post.py", "test_limits.py")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    tiers = parser.getgroup("troth tiers")
+    tiers.addoption(
+        "--fast",
+        action="store_true",
+        help="the fast tier only: in-process tests on memory and SQLite (docs/testing.md)",
+    )
+    tiers.addoption(
+        "--not-fast",
+        action="store_true",
+        help="everything the fast tier leaves out (CI runs --fast, then this)",
+    )
+
+
+def slow(item: pytest.Item, sources: dict[Path, bool]) -> bool:
+    """Whether ``item`` is outside the fast tier."""
+    if any(word in item.nodeid for word in ("postgres", "pgbouncer", "pooled")):
+        return True
+    path = Path(item.path)
+    if path.parent.name in SLOW_FOLDERS or path.name in SLOW_MODULES or "bench" in path.name:
+        return True
+    if path not in sources:
+        text = path.read_text()
+        sources[path] = any(mark in text for mark in SLOW_MARKS)
+    return sources[path]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    fast, rest = config.getoption("--fast"), config.getoption("--not-fast")
+    if not fast and not rest:
+        return
+    sources: dict[Path, bool] = {}
+    keep = [i for i in items if slow(i, sources) == bool(rest)]
+    dropped = [i for i in items if slow(i, sources) != bool(rest)]
+    config.hook.pytest_deselected(items=dropped)
+    items[:] = keep
+
 
 @pytest.fixture(scope="session", params=BACKENDS)
 def shared_server(

@@ -40,6 +40,11 @@ class Receiver:
         with self.lock:
             return [s for s in self.spans if s.name == name]
 
+    def all(self) -> list[Span]:
+        """A copy of the spans received so far (the handler thread appends)."""
+        with self.lock:
+            return list(self.spans)
+
     def wait(self, what: str, check: Callable[[], bool], timeout: float = 15.0) -> None:
         deadline = time.monotonic() + timeout
         while not check():

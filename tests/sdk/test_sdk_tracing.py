@@ -98,14 +98,19 @@ def test_a_workflow_across_two_nodes_is_one_trace(
         done = procs.wait_line(client, r"^nap \d+ ->", 60, count=COUNT)
         assert sorted(done) == [f"nap {i} -> {i * i}" for i in range(COUNT)]
 
-        def fulfilled(root: str) -> bool:
-            return any(
-                s.attributes.get("troth.ids", [None])[0] == root
-                for s in receiver.named("task.fulfill")
-            )
+        def exported(root: str) -> bool:
+            """Both nodes have exported this workflow's spans: its fulfil (on n2)
+            and the rpc's acquire (on n1).  Each node exports on its own schedule,
+            so the root's fulfil arriving says nothing about n1's last batch."""
+            mine = of_workflow(receiver.all(), root)
+            fulfils = {s.attributes["troth.ids"][0] for s in mine if s.name == "task.fulfill"}
+            acquired = {s.attributes["troth.ids"][0] for s in mine if s.name == "task.acquire"}
+            return root in fulfils and len(acquired - {root}) >= 1
 
         roots = [f"nap-t-{i}" for i in range(COUNT)]
-        receiver.wait("every workflow's fulfil", lambda: all(fulfilled(r) for r in roots))
+        receiver.wait(
+            "every workflow's spans from both nodes", lambda: all(exported(r) for r in roots)
+        )
         spans = list(receiver.spans)
 
     traces = []
