@@ -165,6 +165,27 @@ def test_a_node_that_did_not_see_the_creation_reads_the_trace(
     assert (settled.trace_id, settled.parent_id) == (created.trace_id, created.span_id)
 
 
+@pytest.mark.parametrize("store", ["memory", "sqlite"])
+def test_a_settle_in_the_creating_millisecond_keeps_the_creators_trace(
+    receiver: Receiver, store: str, tmp_path: Path
+) -> None:
+    """A promise settled by another request in the millisecond it was created (the
+    same ``now``) was created by the first request: the settle joins its trace and
+    does not take the promise's stored trace for its own, so a read after both joins
+    the creator's trace too."""
+    db = str(tmp_path / "t.db") if store == "sqlite" else ":memory:"
+    settings = Settings(store=store, db=db, tracing=True, debug=True)
+    with running_server(settings) as server:
+        server.ok("promise.create", {"id": "p", "timeoutAt": FAR}, now=1000)
+        server.ok("promise.settle", {"id": "p", "state": "resolved", "value": {}}, now=1000)
+        server.ok("promise.get", {"id": "p"}, now=1001)
+        receiver.wait("the read's span", lambda: bool(receiver.named("promise.get")))
+    created = one(receiver, "promise.create", "p")
+    for kind in ("promise.settle", "promise.get"):
+        span = one(receiver, kind, "p")
+        assert (span.trace_id, span.parent_id) == (created.trace_id, created.span_id), kind
+
+
 def test_tracing_off_stores_no_trace(tmp_path: Path) -> None:
     import sqlite3
 

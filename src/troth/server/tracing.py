@@ -245,8 +245,15 @@ class Tracing:
             self._join(admitted, lambda id: known.get(id) or backend.get_trace(id))
         if isinstance(tx, ReadOnly) or not tx.writes.promises:
             return
-        now = admitted.now
-        created = [id for id, p in tx.writes.promises.items() if p.created_at == now]
+        now, backend = admitted.now, tx.backend
+        # Created by this job: new at this instant *and* absent before it.  A promise
+        # another request created in the same millisecond, settled or updated here,
+        # keeps the trace it was created in.
+        created = [
+            id
+            for id, p in tx.writes.promises.items()
+            if p.created_at == now and backend.get_promise(id) is None
+        ]
         if created:
             admitted.own = traceparent(admitted.trace_id, admitted.span_id, self.sampled(admitted))
             tx.writes.traces = dict.fromkeys(created, admitted.own)
