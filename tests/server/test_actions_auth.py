@@ -65,3 +65,16 @@ def test_only_an_admin_acts(authed: RunningServer, path: str, body: Any) -> None
     if path == "/ops/cancel":
         state = authed.ok("promise.get", {"id": "wf"})["promise"]["state"]
         assert state == "rejected_canceled"
+
+
+def test_only_an_admin_sets_or_reads_a_limit(authed: RunningServer) -> None:
+    authed.reset()
+    body = {"group": "fc", "concurrency": 2}
+    for bearer, status in ((None, 401), (TENANT, 403), ("not-a-token", 401)):
+        assert post(authed, "/ops/limits/set", body, bearer) == status
+        assert post(authed, "/ops/limits/delete", {"group": "fc"}, bearer) == status
+    assert authed.client.get("/ops/limits").json() == {"limits": []}
+    tenant = authed.client.get("/ops/limits", headers={"Authorization": f"Bearer {TENANT}"})
+    assert tenant.status_code == 403
+    assert post(authed, "/ops/limits/set", body, ADMIN) == 200
+    assert [x["group"] for x in authed.client.get("/ops/limits").json()["limits"]] == ["fc"]

@@ -115,6 +115,9 @@ def test_a_fresh_database_is_migrated_once() -> None:
             "nodes",
             "connections",
             "worker_groups",
+            "flow_limits",
+            "flow_slots",
+            "flow_held",
         }
         PostgresStore(url).close()  # reopening applies nothing again
         with raw(url) as conn:

@@ -66,7 +66,7 @@ def test_sqlite_check_plan_apply(tmp_path: Path) -> None:
     apply = troth("migrate", "apply", "--store", "sqlite", "--db", str(db))
     assert apply.returncode == 0, apply
     assert [v for v, _ in versions(db)] == list(range(1, LATEST + 1))
-    assert f"applied {LATEST:03d}_trace_context" in apply.stdout
+    assert f"applied {LATEST:03d}_flow_control" in apply.stdout
     again = troth("migrate", "check", "--store", "sqlite", "--db", str(db))
     assert again.returncode == 0 and "up to date" in again.stdout, again
     assert troth("migrate", "apply", "--store", "sqlite", "--db", str(db)).returncode == 0
@@ -81,6 +81,8 @@ def test_version_6_repairs_origins_an_older_writer_left_out(tmp_path: Path) -> N
     # Back to version 5, as such a file was: later versions' rows and columns gone.
     conn.execute("DELETE FROM schema_version WHERE version >= 6")
     conn.execute("ALTER TABLE promises DROP COLUMN trace")
+    for table in ("flow_limits", "flow_slots", "flow_held"):
+        conn.execute(f"DROP TABLE {table}")
     conn.execute(
         "INSERT INTO promises (id, state, param, value, tags, timeout_at, created_at, "
         "callbacks, listeners, external, undrained) VALUES ('c', 'pending', '{}', '{}', "

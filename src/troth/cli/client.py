@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Final
 
-from troth.cli import bulk
+from troth.cli import bulk, limits
 from troth.cli.actions import show_cancel, show_retry
 from troth.cli.help import Formatter
 from troth.cli.inspect import show_explain, show_outbox, show_workers
@@ -612,6 +612,18 @@ def add_client_commands(sub: Any) -> None:
     p.add_argument("id", help="the workflow's root promise id")
     p.add_argument("--reason", help="why, kept in the cancelled promises' value")
 
+    p = _command(
+        sub,
+        "limits",
+        _limits,
+        common,
+        "the concurrency limits of worker groups: set, get, list, delete",
+        epilog=limits.EPILOG,
+    )
+    p.add_argument("action", choices=limits.ACTIONS, help="what to do")
+    p.add_argument("group", nargs="?", help="the worker group (poll://any@GROUP)")
+    p.add_argument("--concurrency", type=int, help="set: at most this many of its tasks at once")
+
 
 def _local(kind: str) -> Callable[[argparse.Namespace], Request]:
     """Commands that are not one protocol request: run_client runs them (LOCAL)."""
@@ -642,7 +654,15 @@ LOCAL: Final[dict[str, Callable[[Remote, dict[str, Any], Renderer, argparse.Name
     "outbox": lambda remote, data, r, a: show_outbox(remote, r, data),
     "outbox-retry": lambda remote, data, r, a: show_retry(remote, r, data),
     "cancel": lambda remote, data, r, a: show_cancel(remote, r, data),
+    limits.KIND: lambda remote, data, r, a: limits.show(remote, r, data),
 }
+
+
+def _limits(a: argparse.Namespace) -> Request:
+    try:
+        return limits.build(a)
+    except limits.Usage as exc:
+        raise Usage(str(exc)) from exc
 
 
 def _cancel(a: argparse.Namespace) -> Request:

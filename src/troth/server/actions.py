@@ -5,6 +5,10 @@
                            (server/cancel.py; ``troth cancel``)
 ``POST /ops/outbox/retry`` ``{"target"?, "since"?, "dryRun"?}``: failed deliveries
                            offered again with fresh attempts (``troth outbox retry``)
+``POST /ops/limits/set``   ``{"group", "concurrency"}``: set a worker group's limit
+                           (``troth limits set``; ``troth/flow``)
+``POST /ops/limits/delete`` ``{"group"}``: delete it; its queued tasks go at once
+``GET /ops/limits``        every limit with its use (``troth limits list``)
 =========================  ============================================================
 
 Like the operator API's reads, every path here needs an admin token when auth is on
@@ -20,6 +24,8 @@ from typing import Any, Final
 
 import msgspec
 
+from troth.flow.changes import delete_limit, list_limits, set_limit
+from troth.flow.limits import check_limit
 from troth.machine.state import TASK_PENDING
 from troth.outbox.rows import OutboxRow, RowState
 from troth.protocol.address import parse_poll
@@ -38,6 +44,11 @@ PAGE: Final = 1000
 SHOWN: Final = 20
 #: Longest id an action takes.
 MAX_ID: Final = 4096
+
+
+class LimitBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    group: str
+    concurrency: int | None = None
 
 
 class CancelBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -69,6 +80,8 @@ class OperatorActions:
         self.routes: dict[str, Callable[[bytes], Any]] = {
             "/ops/cancel": self.cancel,
             "/ops/outbox/retry": self.retry,
+            "/ops/limits/set": self.set_limit,
+            "/ops/limits/delete": self.delete_limit,
         }
 
     def matches(self, path: str) -> bool:
@@ -99,6 +112,46 @@ class OperatorActions:
         if not result.found:
             raise Refused(404, f"no promise {req.id[:200]!r} and no workflow rooted there")
         return result.as_json()
+
+    def _flow_store(self) -> None:
+        if not self.engine.store.flow_control:
+            raise Refused(
+                501,
+                f"flow control is not available on the {self.engine.store.name} store yet "
+                '(docs/operations.md, "Flow control")',
+            )
+
+    async def limits(self) -> Answer:
+        """``GET /ops/limits``: every limit with its use."""
+        if not self.engine.store.flow_control:
+            return 200, {"limits": []}
+        found = await self.engine.run(list_limits, self.engine.clock(), read_only=False)
+        return 200, {"limits": found}
+
+    async def set_limit(self, body: bytes) -> Any:
+        req = msgspec.json.decode(body or b"{}", type=LimitBody)
+        if req.concurrency is None:
+            raise ValueError("a limit needs concurrency (the only kind of limit yet)")
+        limit = check_limit(req.group, req.concurrency)
+        self._flow_store()
+        now = self.engine.clock()
+        answer = await self.engine.run(set_limit(limit, now), now)
+        self.engine.flow.limits = {**self.engine.flow.limits, limit.group: limit}
+        return answer
+
+    async def delete_limit(self, body: bytes) -> Any:
+        req = msgspec.json.decode(body or b"{}", type=LimitBody)
+        if req.concurrency is not None:
+            raise ValueError("delete takes only a group")
+        self._flow_store()
+        now = self.engine.clock()
+        answer = await self.engine.run(delete_limit(req.group, now), now)
+        if answer is None:
+            raise Refused(404, f"group {req.group[:200]!r} has no limit")
+        limits = dict(self.engine.flow.limits)
+        limits.pop(req.group, None)
+        self.engine.flow.limits = limits
+        return answer
 
     async def retry(self, body: bytes) -> Any:
         req = msgspec.json.decode(body or b"{}", type=RetryBody)

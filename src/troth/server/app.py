@@ -325,6 +325,9 @@ class App:
                 )
                 return
             await self.poll(receive, send, parts[2], parts[3])
+        elif path.rstrip("/") == "/ops/limits" and method == "GET":
+            status, answer = await self.actions.limits()
+            await respond(send, status, answer)
         elif path.startswith("/ops/") and method == "GET":
             status, answer = await self.operator.answer(path, scope.get("query_string", b""))
             await respond(send, status, answer)
@@ -781,6 +784,7 @@ class App:
             engine.resume()
         elif kind == "debug.reset":
             await engine.exclusive(engine.store.reset)
+            engine.flow.load([])  # a reset store has no limits
             self.bounces.clear()
         elif kind == "debug.snap":
             return Response(200, await engine.exclusive(engine.store.snapshot))

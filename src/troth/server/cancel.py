@@ -108,10 +108,15 @@ def pending_of_tree(ins: Inspection, root: str) -> tuple[bool, list[str]]:
 
 
 def settle_job(
-    ids: Sequence[str], value: Value, now: int, config: Config
+    ids: Sequence[str],
+    value: Value,
+    now: int,
+    config: Config,
+    keep_limits: Callable[[Overlay, int], None] | None = None,
 ) -> Callable[[Overlay], tuple[int, int]]:
     """One transaction's settles: ``(settled by it, found settled already)``.  The
-    machine answers each as it answers a client's ``promise.settle``."""
+    machine answers each as it answers a client's ``promise.settle``; then the slots
+    of the tasks it ended are freed (``keep_limits``: the engine's, flow control)."""
 
     def job(tx: Overlay) -> tuple[int, int]:
         settled = meanwhile = 0
@@ -125,6 +130,8 @@ def settle_job(
                 settled += 1
             else:
                 meanwhile += 1
+        if keep_limits is not None:
+            keep_limits(tx, now)
         return settled, meanwhile
 
     return job
@@ -157,7 +164,10 @@ async def cancel_workflow(engine: Engine, root: str, reason: str | None) -> Canc
             now = engine.clock()
             keys = chunk_keys(chunk) if engine.store.uses_keys else ()
             settled, meanwhile = await engine.run(
-                settle_job(chunk, value, now, engine.config), now, keys, settles=keys
+                settle_job(chunk, value, now, engine.config, engine.keep_limits),
+                now,
+                keys,
+                settles=keys,
             )
             result.canceled += settled
             result.settled_meanwhile += meanwhile

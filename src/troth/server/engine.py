@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from troth.flow.gate import Flow
 from troth.machine.core import READ_ONLY, handle, lock_keys, read, settled_keys, tick
 from troth.machine.internal import Config
 from troth.machine.state import Response
@@ -146,6 +147,8 @@ class Engine:
         #: the one the timer sleeps until (the cluster tells the other nodes).
         self.on_deadline: Callable[[int], None] | None = None
         self.stats = EngineStats()
+        #: The limits of worker groups, kept by every job that writes (``troth/flow``).
+        self.flow = Flow()
         #: Whether the store takes writes (``server/health.py``): ``/ready``, metrics.
         self.health = StoreHealth()
         #: Steps of the wall clock, as the timer notices them (``server/clock.py``).
@@ -192,6 +195,7 @@ class Engine:
     # -- lifecycle ------------------------------------------------------------------
 
     async def start(self) -> None:
+        self.flow.load(self.store.flow_load())
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
         self._thread = threading.Thread(target=self._writer, name="troth-writer", daemon=True)
@@ -343,8 +347,15 @@ class Engine:
             self._enqueue(reading, now, self._keys(req), False, done)
             return None
 
+        flow = self.flow
+
         def job(tx: Overlay) -> Response:
             response = handle(tx, req, now, self.config, head)
+            if flow.limits:
+                acquiring = req.id if type(req) is rq.TaskAcquire else None
+                refusal = flow.keep(tx, now, acquiring)
+                if refusal is not None:
+                    response = refusal
             if traced is not None:
                 traced(tx)
             return response
@@ -369,6 +380,7 @@ class Engine:
             response = handle(tx, req, now, self.config, head)
             if response.status != 200:
                 return response, None
+            self.keep_limits(tx, now)
             if delay_ms > 0:
                 entry = tx.hold_message(req.id, now + delay_ms)
             else:
@@ -381,7 +393,7 @@ class Engine:
         """Fire every step due at ``now`` until nothing more is due (``debug.tick``)."""
         total = 0
         for _ in range(1000):
-            fired = await self.run(lambda tx: tick(tx, now, self.config), now)
+            fired = await self.run(lambda tx: self._tick(tx, now), now)
             total += fired
             if fired == 0:
                 break
@@ -890,7 +902,15 @@ class Engine:
                 return
 
     def _tick(self, tx: Overlay, now: int) -> int:
-        return tick(tx, now, self.config)
+        fired = tick(tx, now, self.config)
+        self.keep_limits(tx, now)
+        return fired
+
+    def keep_limits(self, tx: Overlay, now: int) -> None:
+        """After the machine, in a job that is not a client's request (a timer pass, a
+        release, an operator's settles): keep the group limits (``troth/flow``)."""
+        if self.flow.limits:
+            self.flow.keep(tx, now)
 
     def _next_deadline(self) -> int | None:
         return self.store.read(lambda tx: tx.next_deadline())

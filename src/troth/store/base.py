@@ -21,6 +21,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from troth.flow.limits import Held, Limit, held_order
 from troth.outbox.rows import OutboxLifecycle, OutboxRow
 from troth.protocol.records import (
     TAG_BRANCH,
@@ -95,6 +96,29 @@ class Backend(ABC):
         None: tracing was off then, or there is no such promise.  Asked only with
         tracing on (``server/tracing.py``); a store that keeps none has none."""
         return None
+
+    # -- flow control (troth/flow): read only while some group has a limit ----------
+
+    def flow_limits(self) -> list[Limit]:
+        """Every limit, by group."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no limits")
+
+    def flow_slot(self, task_id: str) -> str | None:
+        """The group whose slot the task holds, or None."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no limits")
+
+    def flow_in_use(self, group: str) -> int:
+        """How many tasks hold a slot of ``group``."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no limits")
+
+    def flow_held(self, group: str, limit: int) -> list[Held]:
+        """The first ``limit`` tasks queued for a slot of ``group``, in queue order:
+        higher priority first, then first created, then by id."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no limits")
+
+    def flow_held_count(self, group: str) -> int:
+        """How many tasks are queued for a slot of ``group``."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no limits")
 
 
 class Overlay:
@@ -192,6 +216,40 @@ class Overlay:
 
     def next_deadline(self) -> int | None:
         return self.backend.next_deadline()
+
+    # -- flow control: the backend's rows with this job's own changes over them ------
+
+    def flow_slot(self, task_id: str) -> str | None:
+        slots = self.writes.slots
+        if slots is not None and task_id in slots:
+            return slots[task_id]
+        return self.backend.flow_slot(task_id)
+
+    def flow_in_use(self, group: str) -> int:
+        n = self.backend.flow_in_use(group)
+        for task_id, now_in in (self.writes.slots or {}).items():
+            before = self.backend.flow_slot(task_id)
+            n += (now_in == group) - (before == group)
+        return n
+
+    def flow_held(self, group: str, limit: int) -> list[Held]:
+        mine = self.writes.held or {}
+        stored = self.backend.flow_held(group, limit + len(mine))
+        found = [h for h in stored if h.task_id not in mine]
+        found += [h for h in mine.values() if h is not None and h.group == group]
+        return sorted(found, key=held_order)[:limit]
+
+    def take_slot(self, task_id: str, group: str | None) -> None:
+        """The task holds a slot of ``group`` from now on (None: it frees its slot)."""
+        if self.writes.slots is None:
+            self.writes.slots = {}
+        self.writes.slots[task_id] = group
+
+    def queue(self, task_id: str, held: Held | None) -> None:
+        """Queue the task for a slot (None: take it out of the queue)."""
+        if self.writes.held is None:
+            self.writes.held = {}
+        self.writes.held[task_id] = held
 
 
 @dataclass
@@ -342,6 +400,9 @@ class Store(ABC):
     #: elsewhere the engine does not work them out (a suspend's or a create's inner
     #: actions would be decoded twice per request for nothing).
     uses_keys: bool = False
+    #: Whether it keeps flow control's limits (``troth/flow``); one that does not
+    #: refuses a limit rather than ignore it.
+    flow_control: bool = False
     #: The outbox-row lifecycle the dispatcher works through.
     outbox: OutboxLifecycle
     #: Set by the server's delivery: asked, on the writer thread, by a batch that
@@ -351,6 +412,11 @@ class Store(ABC):
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
+
+    def flow_load(self) -> list[Limit]:
+        """The limits as stored, read at start without a transaction of the writer's
+        (a store that keeps them overrides it; one that does not has none)."""
+        return []
 
     # -- what a backend implements -------------------------------------------------
 

@@ -7,12 +7,14 @@ stale ones are dropped when they reach the top.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import heapq
 import itertools
 from collections.abc import Callable, Collection, Iterable
 from typing import Any, TypeVar
 
+from troth.flow.limits import Held, Limit, held_order
 from troth.outbox import codes
 from troth.outbox.rows import OutboxRow, RowState
 from troth.protocol.records import (
@@ -68,6 +70,12 @@ class MemoryBackend(Backend):
         self.t_heap: list[tuple[int, str]] = []
         self.s_heap: list[tuple[int, str]] = []
         self.seq = itertools.count(1)
+        #: Flow control (``troth/flow``): limits by group, slots by task id (and
+        #: counted by group), queued tasks by id.
+        self.limits: dict[str, Limit] = {}
+        self.slots: dict[str, str] = {}
+        self.in_use: collections.Counter[str] = collections.Counter()
+        self.queued: dict[str, Held] = {}
 
     # -- reads ------------------------------------------------------------------
 
@@ -82,6 +90,22 @@ class MemoryBackend(Backend):
 
     def get_schedule(self, id: str) -> Schedule | None:
         return self.schedules.get(id)
+
+    def flow_limits(self) -> list[Limit]:
+        return [self.limits[g] for g in sorted(self.limits)]
+
+    def flow_slot(self, task_id: str) -> str | None:
+        return self.slots.get(task_id)
+
+    def flow_in_use(self, group: str) -> int:
+        return self.in_use[group]
+
+    def flow_held(self, group: str, limit: int) -> list[Held]:
+        mine = [h for h in self.queued.values() if h.group == group]
+        return sorted(mine, key=held_order)[:limit]
+
+    def flow_held_count(self, group: str) -> int:
+        return sum(1 for h in self.queued.values() if h.group == group)
 
     def scan_promises(
         self, states: Collection[str] | None, tags: Tags, after: str | None, limit: int
@@ -203,6 +227,34 @@ class MemoryBackend(Backend):
             )
             self.outbox[row.id] = row
             self.pending_by_key[key] = row.id
+        if writes.slots or writes.held or writes.limits or writes.withdrawn:
+            self._apply_flow(writes)
+
+    def _apply_flow(self, writes: Writes) -> None:
+        for key in writes.withdrawn or ():
+            old_id = self.pending_by_key.pop(key, None)
+            if old_id is not None:
+                self.outbox.pop(old_id, None)
+        for task_id, group in (writes.slots or {}).items():
+            old = self.slots.pop(task_id, None)
+            if old is not None:
+                self.in_use[old] -= 1
+            if group is not None:
+                self.slots[task_id] = group
+                self.in_use[group] += 1
+        for task_id, held in (writes.held or {}).items():
+            if held is None:
+                self.queued.pop(task_id, None)
+            else:
+                self.queued[task_id] = held
+        for group, limit in (writes.limits or {}).items():
+            if limit is None:
+                self.limits.pop(group, None)
+                for task_id in [t for t, g in self.slots.items() if g == group]:
+                    del self.slots[task_id]
+                self.in_use.pop(group, None)
+            else:
+                self.limits[group] = limit
 
     def snapshot(self) -> dict[str, Any]:
         return snapshot(
@@ -217,6 +269,7 @@ class MemoryStore(Store):
     """Group commit over dicts: a batch's writes are applied as each job returns."""
 
     name = "memory"
+    flow_control = True
 
     def __init__(self) -> None:
         super().__init__()
@@ -244,6 +297,10 @@ class MemoryStore(Store):
     def reset(self) -> None:
         with self.lock:
             self.backend = MemoryBackend()
+
+    def flow_load(self) -> list[Limit]:
+        with self.lock:
+            return self.backend.flow_limits()
 
     def snapshot(self) -> dict[str, Any]:
         with self.lock:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from troth.flow.limits import Held, Limit
 from troth.protocol.records import OutboxEntry, Promise, Schedule, Task
 
 
@@ -24,6 +25,25 @@ class Writes:
     #: machine ran, with tracing on (``server/tracing.py``); None (no dict made for
     #: every job) with it off.
     traces: dict[str, str] | None = None
+    #: Flow control (``troth/flow``), set by the server after the machine ran, only
+    #: while some group has a limit (None, no dict made, otherwise): the slots taken
+    #: (task id -> group) and freed (None), the tasks queued for a slot and those
+    #: leaving the queue (None), and the limits set and deleted (None) by group.
+    slots: dict[str, str | None] | None = None
+    held: dict[str, Held | None] | None = None
+    limits: dict[str, Limit | None] | None = None
+    #: Keys whose pending outbox message is withdrawn (a task queued for a slot:
+    #: an ``execute`` written for it earlier and not yet sent goes too).
+    withdrawn: set[str] | None = None
 
     def __bool__(self) -> bool:
-        return bool(self.promises or self.tasks or self.schedules or self.messages)
+        return bool(
+            self.promises
+            or self.tasks
+            or self.schedules
+            or self.messages
+            or self.slots
+            or self.held
+            or self.limits
+            or self.withdrawn
+        )

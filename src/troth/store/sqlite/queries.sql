@@ -161,3 +161,46 @@ SELECT trace FROM promises WHERE id = ?
 -- a re-create that deduplicates) leaves it.
 -- name: set_trace
 UPDATE promises SET trace = ? WHERE id = ? AND trace IS NULL
+
+-- Flow control (troth/flow): read and written only while some group has a limit.
+-- name: flow_limits
+SELECT grp, concurrency FROM flow_limits ORDER BY grp
+
+-- name: flow_slot
+SELECT grp FROM flow_slots WHERE task_id = ?
+
+-- name: flow_in_use
+SELECT count(*) FROM flow_slots WHERE grp = ?
+
+-- name: flow_held
+SELECT task_id, grp, address, priority, created_at FROM flow_held
+WHERE grp = ? ORDER BY priority DESC, created_at, task_id LIMIT ?
+
+-- name: flow_held_count
+SELECT count(*) FROM flow_held WHERE grp = ?
+
+-- name: flow_put_slot
+INSERT INTO flow_slots (task_id, grp) VALUES (?, ?)
+ON CONFLICT (task_id) DO UPDATE SET grp = excluded.grp
+
+-- name: flow_delete_slot
+DELETE FROM flow_slots WHERE task_id = ?
+
+-- name: flow_put_held
+INSERT INTO flow_held (task_id, grp, address, priority, created_at) VALUES (?, ?, ?, ?, ?)
+ON CONFLICT (task_id) DO UPDATE SET grp = excluded.grp, address = excluded.address,
+    priority = excluded.priority, created_at = excluded.created_at
+
+-- name: flow_delete_held
+DELETE FROM flow_held WHERE task_id = ?
+
+-- name: flow_put_limit
+INSERT INTO flow_limits (grp, concurrency, updated_at) VALUES (?, ?, ?)
+ON CONFLICT (grp) DO UPDATE SET concurrency = excluded.concurrency,
+    updated_at = excluded.updated_at
+
+-- name: flow_delete_limit
+DELETE FROM flow_limits WHERE grp = ?
+
+-- name: flow_delete_group_slots
+DELETE FROM flow_slots WHERE grp = ?

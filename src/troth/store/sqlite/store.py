@@ -17,6 +17,7 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Final, Protocol, TypeVar, cast
 
+from troth.flow.limits import Held, Limit
 from troth.outbox import codes
 from troth.outbox.rows import OutboxRow
 from troth.protocol.records import PENDING, TAG_ORIGIN, Promise, Schedule, Tags, Task
@@ -92,7 +93,15 @@ _Q: Final = load_queries("troth.store.sqlite")
 _CODEC: Final = RowCodec(int_in=_int_in, int_out=_int_out, flag=int)
 #: The same codec by a public name, for what reads a file outside the store (transfer.py).
 CODEC: Final = _CODEC
-_TABLES: Final = ("promises", "tasks", "schedules", "outbox")
+_TABLES: Final = (
+    "promises",
+    "tasks",
+    "schedules",
+    "outbox",
+    "flow_limits",
+    "flow_slots",
+    "flow_held",
+)
 _SAVEPOINT: Final = "troth_job"
 
 
@@ -283,6 +292,48 @@ class SqliteBackend(Backend):
 
     # -- writes -------------------------------------------------------------------------
 
+    # -- flow control ---------------------------------------------------------------
+
+    def flow_limits(self) -> list[Limit]:
+        rows = self.conn.execute(_Q["flow_limits"]).fetchall()
+        return [Limit(group, concurrency) for group, concurrency in rows]
+
+    def flow_slot(self, task_id: str) -> str | None:
+        r = self.conn.execute(_Q["flow_slot"], (task_id,)).fetchone()
+        return None if r is None else str(r[0])
+
+    def flow_in_use(self, group: str) -> int:
+        return int(self.conn.execute(_Q["flow_in_use"], (group,)).fetchone()[0])
+
+    def flow_held(self, group: str, limit: int) -> list[Held]:
+        rows = self.conn.execute(_Q["flow_held"], (group, limit)).fetchall()
+        return [Held(*row) for row in rows]
+
+    def flow_held_count(self, group: str) -> int:
+        return int(self.conn.execute(_Q["flow_held_count"], (group,)).fetchone()[0])
+
+    def _apply_flow(self, writes: Writes, now: int) -> None:
+        execute = self.conn.execute
+        for key in writes.withdrawn or ():
+            execute(_Q["delete_pending_message"], (key,))
+        for task_id, group in (writes.slots or {}).items():
+            if group is None:
+                execute(_Q["flow_delete_slot"], (task_id,))
+            else:
+                execute(_Q["flow_put_slot"], (task_id, group))
+        for task_id, held in (writes.held or {}).items():
+            if held is None:
+                execute(_Q["flow_delete_held"], (task_id,))
+            else:
+                row = (held.task_id, held.group, held.address, held.priority, held.created_at)
+                execute(_Q["flow_put_held"], row)
+        for group, limit in (writes.limits or {}).items():
+            if limit is None:
+                execute(_Q["flow_delete_limit"], (group,))
+                execute(_Q["flow_delete_group_slots"], (group,))
+            else:
+                execute(_Q["flow_put_limit"], (group, limit.concurrency, now))
+
     def apply(self, writes: Writes, now: int) -> None:
         execute = self.conn.execute
         known = self.known
@@ -309,6 +360,8 @@ class SqliteBackend(Backend):
             execute(_Q["delete_pending_message"], (key,))
             row = _CODEC.message_row(key, entry, now, held.get(key) if held else None)
             execute(_Q["insert_message"], row)
+        if writes.slots or writes.held or writes.limits or writes.withdrawn:
+            self._apply_flow(writes, now)
 
     # -- whole-store reads -----------------------------------------------------------------
 
@@ -329,6 +382,7 @@ class SqliteStore(Store):
     """
 
     name = "sqlite"
+    flow_control = True
 
     def __init__(self, path: str | os.PathLike[str], synchronous: str = "full") -> None:
         super().__init__()
@@ -457,6 +511,11 @@ class SqliteStore(Store):
             for table in _TABLES:
                 conn.execute(f"DELETE FROM {table}")
             conn.execute("DELETE FROM sqlite_sequence WHERE name = 'outbox'")
+
+    def flow_load(self) -> list[Limit]:
+        """One statement in autocommit: no BEGIN, no COMMIT."""
+        with self.lock:
+            return self.backend.flow_limits()
 
     def snapshot(self) -> dict[str, Any]:
         """Read in one (read) transaction, so the four lists are mutually consistent."""

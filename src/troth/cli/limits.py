@@ -1,0 +1,91 @@
+"""``troth limits``: the concurrency limits of worker groups (flow control,
+``POST /ops/limits/…`` and ``GET /ops/limits``, server/actions.py), for people or
+as JSON with ``--json``."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, Final
+
+from troth.cli.remote import Remote, RemoteError
+from troth.cli.render import Renderer
+
+KIND: Final = "limits"
+ACTIONS: Final = ("set", "get", "list", "delete")
+
+EPILOG: Final = """\
+examples:
+  troth limits set payments --concurrency 5  # 5 of group payments at once
+  troth limits list                          # slots in use, tasks held
+  troth limits get payments --json
+  troth limits delete payments               # held tasks go at once
+
+A group is the one of poll://any@GROUP and poll://uni@GROUP/...  A task
+beyond the limit stays pending and gets its execute when a slot frees
+(docs/operations.md, "Flow control")."""
+
+
+class Usage(Exception):
+    """A command line that does not make a limits request."""
+
+
+def build(a: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    """The request ``troth limits ...`` makes: its action and body."""
+    if a.action == "list":
+        if a.group or a.concurrency is not None:
+            raise Usage("limits list takes no group and no --concurrency")
+        return KIND, {"action": "list"}
+    if not a.group:
+        raise Usage(f"limits {a.action} needs a GROUP")
+    if a.action == "set":
+        if a.concurrency is None:
+            raise Usage("limits set needs --concurrency N")
+        return KIND, {"action": "set", "group": a.group, "concurrency": a.concurrency}
+    if a.concurrency is not None:
+        raise Usage(f"limits {a.action} takes no --concurrency")
+    return KIND, {"action": a.action, "group": a.group}
+
+
+def show(remote: Remote, r: Renderer, data: dict[str, Any]) -> None:
+    action = data["action"]
+    if action == "set":
+        body = {"group": data["group"], "concurrency": data["concurrency"]}
+        answer = remote.action("limits/set", body)
+        if r.as_json:
+            r.json(answer)
+            return
+        print(_line(answer), file=r.out)
+        if answer["admitted"]:
+            print(f"  {answer['admitted']} held tasks let through", file=r.out)
+        return
+    if action == "delete":
+        answer = remote.action("limits/delete", {"group": data["group"]})
+        if r.as_json:
+            r.json(answer)
+            return
+        print(
+            f"{answer['group']}: no limit; {answer['admitted']} held tasks let through", file=r.out
+        )
+        return
+    found = remote.operator("limits", {})["limits"]
+    if action == "get":
+        found = [x for x in found if x["group"] == data["group"]]
+        if not found:
+            raise RemoteError("limits", 404, f"group {data['group']!r} has no limit")
+        if r.as_json:
+            r.json(found[0])
+            return
+    elif r.as_json:
+        r.json(found)
+        return
+    if not found:
+        print("no limits", file=r.out)
+    for limit in found:
+        print(_line(limit), file=r.out)
+
+
+def _line(limit: dict[str, Any]) -> str:
+    return (
+        f"{limit['group']}: concurrency {limit['concurrency']} "
+        f"({limit['inUse']} in use, {limit['held']} held)"
+    )

@@ -1,0 +1,87 @@
+"""Setting and deleting a limit, and reading the limits with their use: jobs for the
+engine's writer, so that a change commits with what it implies at once.
+
+* A new limit counts the group's tasks acquired now as holding its slots (they were
+  started before the limit and run on); tasks dispatched already and not yet
+  acquired are let be: their ``task.acquire`` is checked as any other.
+* A raised limit lets queued tasks through at once; a lowered one takes no slot
+  back (tasks running keep running) and admits nothing until enough have freed.
+* A deleted limit lets every queued task of its group through and forgets its slots.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Final
+
+from troth.flow.gate import admit
+from troth.flow.limits import Limit, group_of
+from troth.machine.state import ACQUIRED
+from troth.protocol.records import TAG_TARGET
+from troth.store.base import Overlay
+
+#: Acquired tasks one page of a new limit's count reads.
+SCAN_PAGE: Final = 1000
+
+
+def set_limit(limit: Limit, now: int) -> Callable[[Overlay], dict[str, Any]]:
+    """The job that sets ``limit``; it answers the limit with its use."""
+
+    def job(tx: Overlay) -> dict[str, Any]:
+        known = {old.group: old for old in tx.backend.flow_limits()}
+        tx.writes.limits = {limit.group: limit}
+        if limit.group not in known:
+            _count_running(tx, limit.group)
+        admitted = admit(tx, now, limit)
+        return {**usage(tx, limit), "admitted": admitted}
+
+    return job
+
+
+def delete_limit(group: str, now: int) -> Callable[[Overlay], dict[str, Any] | None]:
+    """The job that deletes the limit of ``group`` (None: it had none): every queued
+    task is let through."""
+
+    def job(tx: Overlay) -> dict[str, Any] | None:
+        known = {old.group: old for old in tx.backend.flow_limits()}
+        if group not in known:
+            return None
+        tx.writes.limits = {group: None}
+        unlimited = Limit(group, 2**62)
+        admitted = admit(tx, now, unlimited)
+        return {"group": group, "admitted": admitted}
+
+    return job
+
+
+def list_limits(tx: Overlay) -> list[dict[str, Any]]:
+    """Every limit with its use (a job that writes nothing)."""
+    return [usage(tx, limit) for limit in tx.backend.flow_limits()]
+
+
+def usage(tx: Overlay, limit: Limit) -> dict[str, Any]:
+    """A limit with its use: slots held, tasks queued (a set or delete job's own
+    changes to the queue are only removals)."""
+    removed = sum(1 for h in (tx.writes.held or {}).values() if h is None)
+    return {
+        "group": limit.group,
+        "concurrency": limit.concurrency,
+        "inUse": tx.flow_in_use(limit.group),
+        "held": tx.backend.flow_held_count(limit.group) - removed,
+    }
+
+
+def _count_running(tx: Overlay, group: str) -> None:
+    """Give every task of ``group`` acquired now a slot."""
+    after: str | None = None
+    while True:
+        page = tx.scan_tasks([ACQUIRED], after, SCAN_PAGE)
+        for task in page:
+            promise = tx.get_promise(task.id)
+            if promise is None or group_of(promise.tags.get(TAG_TARGET, "")) != group:
+                continue
+            if tx.flow_slot(task.id) is None:
+                tx.take_slot(task.id, group)
+        if len(page) < SCAN_PAGE:
+            return
+        after = page[-1].id

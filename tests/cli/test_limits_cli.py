@@ -1,0 +1,71 @@
+"""``troth limits set|get|list|delete`` against a real SQLite server: what they print
+for people and with ``--json``, their exit codes, and a usage error that sends
+nothing.  What a limit does is tested in tests/flow/."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from helpers.support import RunningServer, running_server
+from troth.cli.main import main
+from troth.server.config import Settings
+
+FAR = 10**13
+
+
+@pytest.fixture
+def sqlite_server(tmp_path: Path) -> Iterator[RunningServer]:
+    with running_server(Settings(db=str(tmp_path / "cli.db"))) as s:
+        yield s
+
+
+def cli(
+    server: RunningServer, capsys: pytest.CaptureFixture[str], *argv: str
+) -> tuple[int, str, str]:
+    code = main([*argv, "--server", server.url])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_set_list_get_delete(
+    sqlite_server: RunningServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    s = sqlite_server
+    assert cli(s, capsys, "limits", "list") == (0, "no limits\n", "")
+    code, out, _ = cli(s, capsys, "limits", "set", "payments", "--concurrency", "1")
+    assert (code, out) == (0, "payments: concurrency 1 (0 in use, 0 held)\n")
+    for i in range(3):
+        tags = {"resonate:target": "poll://any@payments"}
+        s.ok("promise.create", {"id": f"pay{i}", "timeoutAt": FAR, "tags": tags})
+    code, out, _ = cli(s, capsys, "limits", "list")
+    assert (code, out) == (0, "payments: concurrency 1 (1 in use, 2 held)\n")
+    code, out, _ = cli(s, capsys, "limits", "get", "payments", "--json")
+    assert code == 0
+    assert json.loads(out) == {"group": "payments", "concurrency": 1, "inUse": 1, "held": 2}
+    code, out, _ = cli(s, capsys, "limits", "set", "payments", "--concurrency", "2")
+    assert (code, out) == (
+        0,
+        "payments: concurrency 2 (2 in use, 1 held)\n  1 held tasks let through\n",
+    )
+    code, out, _ = cli(s, capsys, "limits", "delete", "payments")
+    assert (code, out) == (0, "payments: no limit; 1 held tasks let through\n")
+    assert cli(s, capsys, "limits", "list", "--json") == (0, "[]\n", "")
+
+
+def test_refusals_and_usage(
+    sqlite_server: RunningServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    s = sqlite_server
+    code, _, err = cli(s, capsys, "limits", "get", "nothing")
+    assert code == 1 and "404" in err and "has no limit" in err
+    code, _, err = cli(s, capsys, "limits", "set", "g", "--concurrency", "0")
+    assert code == 1 and "400 concurrency must be between 1" in err
+    code, _, err = cli(s, capsys, "limits", "set", "g")
+    assert code == 2 and "needs --concurrency" in err
+    code, _, err = cli(s, capsys, "limits", "delete")
+    assert code == 2 and "needs a GROUP" in err
+    assert cli(s, capsys, "limits", "list") == (0, "no limits\n", "")
