@@ -42,7 +42,8 @@ import struct
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Final, Protocol, TypeVar
 
-from troth.store.base import ReadOnly, StoreUnavailable
+from troth.store.base import ReadOnly
+from troth.store.faults import StoreUnavailable
 
 if TYPE_CHECKING:
     from troth.store.sqlite.store import SqliteBackend
