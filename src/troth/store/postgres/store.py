@@ -106,7 +106,7 @@ class PostgresStore(Session, Store):
             self.conn.close()
             raise
         self.backend = PostgresBackend(self.cur)
-        self.outbox = PostgresOutbox(self)
+        self.outbox = PostgresOutbox(self.session_options)
         self._sessions: dict[type[Session], Session] = {}
         self._sessions_opening = threading.Lock()
         #: The reader threads' sessions (``read_many``), one per thread, by thread id.
