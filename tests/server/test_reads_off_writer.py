@@ -23,7 +23,7 @@ import pytest
 from helpers import pg
 from troth.server.config import Settings
 from troth.server.run import build_app
-from troth.store.base import StoreUnavailable
+from troth.store.faults import StoreUnavailable
 
 HOUR = 3_600_000
 READS = [

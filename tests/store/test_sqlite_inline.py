@@ -17,7 +17,8 @@ import msgspec
 import pytest
 
 from troth.protocol.records import Promise, Value
-from troth.store.base import Job, StoreUnavailable
+from troth.store.base import Job
+from troth.store.faults import StoreUnavailable
 from troth.store.sqlite import SqliteStore
 from troth.store.sqlite.inline import HOLD, InlineReader, map_header
 

@@ -16,8 +16,9 @@ import msgspec
 import pytest
 
 from troth.protocol.records import Execute, Promise, Schedule, Task, Unblock, Value
-from troth.store.base import Job, Overlay, StoreUnavailable
+from troth.store.base import Job, Overlay
 from troth.store.codec import PROMISE_COLS
+from troth.store.faults import StoreUnavailable
 from troth.store.migrate import Migration, SchemaError, SchemaTooNew, load_migrations
 from troth.store.outbox import settle_one
 from troth.store.queries import load_queries

@@ -39,8 +39,8 @@ from troth.server.metrics import Metrics
 from troth.server.nats import NatsIngress
 from troth.server.operator import OperatorApi
 from troth.server.retention import RetentionLoop
-from troth.store.base import Outcome, StoreUnavailable
-from troth.store.faults import StoreFault
+from troth.store.base import Outcome
+from troth.store.faults import StoreFault, StoreUnavailable
 from troth.store.outbox import REVIVE_WINDOW
 from troth.transport.nats import NatsLink
 from troth.transport.poll import Connection, Full, Registry

@@ -33,7 +33,8 @@ from troth.protocol.records import Execute
 from troth.server.engine import Engine
 from troth.server.metrics import Metrics
 from troth.server.waiting import cancel_and_wait, wait_event
-from troth.store.base import BatchClaim, StoreUnavailable
+from troth.store.base import BatchClaim
+from troth.store.faults import StoreUnavailable
 
 log = logging.getLogger("troth.delivery")
 T = TypeVar("T")

@@ -38,8 +38,8 @@ from troth.protocol import requests as rq
 from troth.server.clock import SLICE, ClockWatch
 from troth.server.health import StoreHealth
 from troth.server.waiting import cancel_and_wait, wait_event
-from troth.store.base import BeginWouldWait, Job, Outcome, Overlay, Store, StoreUnavailable
-from troth.store.faults import StoreFault
+from troth.store.base import BeginWouldWait, Job, Outcome, Overlay, Store
+from troth.store.faults import StoreFault, StoreUnavailable
 
 log = logging.getLogger("troth.engine")
 T = TypeVar("T")

@@ -35,6 +35,7 @@ from troth.server.metrics import Metrics
 from troth.server.retention import Archive, RetentionLoop
 from troth.server.scrape import StoreGauges
 from troth.server.startup import EXIT_STORE, cannot_open_store
+from troth.server.workers import supervise
 from troth.store.base import Store
 from troth.store.faults import REASONS
 from troth.store.memory import MemoryStore
@@ -246,9 +247,7 @@ def serve(settings: Settings) -> int:
         return 2
     announce_auth(settings, auth, logging.getLogger("troth"))
     if settings.workers > 1:
-        from troth.server.workers import supervise
-
-        return supervise(settings, lambda: check_store(settings))
+        return supervise(settings, lambda: check_store(settings), serve_on)
     return serve_on(settings, None, lambda: check_store(settings))
 
 

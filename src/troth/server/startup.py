@@ -15,7 +15,7 @@ import sqlite3
 import sys
 
 from troth.server.config import Settings
-from troth.store.base import StoreUnavailable
+from troth.store.faults import StoreUnavailable
 from troth.store.migrate import SchemaError
 
 #: Exit codes of ``troth serve`` and ``troth dev`` (README, "Exit codes of troth serve").

@@ -21,7 +21,9 @@ nodes on one machine.  This module is their supervisor:
   child still running after the grace period is killed.
 
 Children are forked before the supervisor starts any thread or event loop: what
-they inherit is the settings.  The supervisor itself opens no store: it connects to
+they inherit is the settings, and the function that serves one node on a socket
+(``run.serve_on``, handed to :func:`supervise`: this module knows nothing of what a
+node is made of).  The supervisor itself opens no store: it connects to
 the database once, to refuse a start that every child would fail, and hangs up.  A child that
 dies loses the connections the kernel had queued for it but it had not accepted
 (their clients see a reset and retry), as a single process that dies does.
@@ -50,6 +52,10 @@ from troth.server.startup import (
 )
 
 log = logging.getLogger("troth.workers")
+
+#: Serves one node on a listening socket until it stops, and returns its exit status
+#: (``run.serve_on``).
+Serve = Callable[[Settings, socket.socket], int]
 
 #: Seconds a child may take to stop after SIGTERM before it is killed (it finishes
 #: its in-flight requests first: uvicorn's graceful shutdown takes up to 10 s).
@@ -89,9 +95,10 @@ def child_settings(settings: Settings, index: int) -> Settings:
 class Supervisor:
     """Starts, watches and stops the children (see the module docstring)."""
 
-    def __init__(self, settings: Settings, hold: socket.socket) -> None:
+    def __init__(self, settings: Settings, hold: socket.socket, serve: Serve) -> None:
         self.settings = settings
         self.hold = hold
+        self.serve = serve
         self.stopping = False
         self.children: dict[int, ForkProcess] = {}
         self.started_at: dict[int, float] = {}
@@ -101,7 +108,7 @@ class Supervisor:
     def start(self, index: int) -> None:
         process = self._context.Process(
             target=_child_main,
-            args=(child_settings(self.settings, index), self.hold.fileno()),
+            args=(child_settings(self.settings, index), self.hold.fileno(), self.serve),
             name=f"troth-worker-{index}",
         )
         process.start()
@@ -178,9 +185,9 @@ def _exit_words(code: int | None) -> str:
     return f"code {code}"
 
 
-def _child_main(settings: Settings, hold: int) -> None:
-    """One child: a whole troth node on a listening socket of its own in the port's
-    ``SO_REUSEPORT`` group (``run.serve_on``)."""
+def _child_main(settings: Settings, hold: int, serve: Serve) -> None:
+    """One child: a whole troth node (``serve``) on a listening socket of its own in
+    the port's ``SO_REUSEPORT`` group."""
     # The supervisor's handlers were inherited with the fork; uvicorn installs its own
     # (graceful shutdown) when it starts, until then the defaults apply.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -191,14 +198,12 @@ def _child_main(settings: Settings, hold: int) -> None:
     os.setpgrp()
     _die_with_parent()
     os.close(hold)  # the supervisor's hold on the port is not the child's to keep
-    from troth.server.run import serve_on
-
     try:
         sock = bind(settings, listen=True)
     except OSError as exc:
         print(f"troth: {cannot_listen(settings.host, settings.port, exc)}", file=sys.stderr)
         sys.exit(EXIT_LISTEN)
-    sys.exit(serve_on(settings, sock))
+    sys.exit(serve(settings, sock))
 
 
 def _die_with_parent() -> None:
@@ -213,9 +218,10 @@ def _die_with_parent() -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-def supervise(settings: Settings, check: Callable[[], int | None]) -> int:
+def supervise(settings: Settings, check: Callable[[], int | None], serve: Serve) -> int:
     """Bind, check the store once (``check``: an exit status stops the start), start
-    ``settings.workers`` children, and supervise them until told to stop."""
+    ``settings.workers`` children, each a node that ``serve`` runs on its own socket,
+    and supervise them until told to stop."""
     try:
         hold = bind(settings, listen=False)
     except OSError as exc:
@@ -233,4 +239,4 @@ def supervise(settings: Settings, check: Callable[[], int | None]) -> int:
         settings.host,
         settings.port,
     )
-    return Supervisor(settings, hold).run()
+    return Supervisor(settings, hold, serve).run()

@@ -19,7 +19,7 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from troth.flow.limits import Held, Limit, held_order
 from troth.outbox.rows import OutboxLifecycle, OutboxRow
@@ -34,12 +34,10 @@ from troth.protocol.records import (
     message_key,
 )
 from troth.store.deadlines import earliest_deadline
+from troth.store.faults import StoreFault, StoreUnavailable
 from troth.store.inspection import Inspection
 from troth.store.retention import Retention
 from troth.store.writes import Writes
-
-if TYPE_CHECKING:
-    from troth.store.faults import StoreFault
 
 T = TypeVar("T")
 
@@ -310,10 +308,6 @@ class _ApplyFailed(Exception):
         self.error = error
 
 
-class StoreUnavailable(Exception):
-    """The store cannot answer (503 at ``/ready`` and for a request)."""
-
-
 class BeginWouldWait(Exception):
     """Beginning a write transaction would wait for another writer (another process
     on the same SQLite file): the caller hands the batch to a thread that may wait.
@@ -492,8 +486,6 @@ class Store(ABC):
         refuses writes for a reason of its own (full, read-only, out of reach), else
         None (a request's own error, or a bug).  A dialect adds its database's errors;
         a :class:`StoreUnavailable` is the store out of reach."""
-        from troth.store.faults import StoreFault
-
         if isinstance(exc, StoreFault):
             return exc
         if isinstance(exc, StoreUnavailable):

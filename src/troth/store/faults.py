@@ -1,5 +1,8 @@
 """Why a store refuses writes: the faults a client can act on by waiting.
 
+:class:`StoreUnavailable` is the store that cannot answer at all; a
+:class:`StoreFault` is one of them with a reason.
+
 A full disk, a database switched to read-only, a database out of reach: none of
 them is the request's fault, none is a bug, and each ends by itself (space freed,
 the primary back, the network healed).  A batch that meets one is refused whole,
@@ -17,8 +20,6 @@ from __future__ import annotations
 
 from typing import Final, Literal
 
-from troth.store.base import StoreUnavailable
-
 Reason = Literal["disk_full", "read_only", "unavailable"]
 
 DISK_FULL: Final = "disk_full"
@@ -34,6 +35,10 @@ _TOLD: Final[dict[str, str]] = {
     READ_ONLY: "Storage is read-only: the request was not stored; retry later",
     UNAVAILABLE: "Store unavailable",
 }
+
+
+class StoreUnavailable(Exception):
+    """The store cannot answer (503 at ``/ready`` and for a request)."""
 
 
 class StoreFault(StoreUnavailable):

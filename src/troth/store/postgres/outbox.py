@@ -10,16 +10,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from typing import Any, Final, TypeVar
 
 from troth.outbox.rows import OutboxRow, RowState, Settlement
 from troth.store.base import BatchClaim
 from troth.store.outbox import OutboxStore, OutboxTable, SqlOutboxTable
 from troth.store.postgres.backend import CODEC, Q, Reach
 from troth.store.postgres.session import Cur, Session
-
-if TYPE_CHECKING:
-    from troth.store.postgres.store import PostgresStore
 
 T = TypeVar("T")
 
@@ -89,13 +86,16 @@ class PostgresOutbox(OutboxStore):
     dispatchers on several nodes split the due rows; settlements lock the row they
     check.  With :attr:`routing` set, a node claims only what it can deliver (see
     ``Q["claim_routed"]``).
+
+    ``options`` says what the session connects with, asked when it opens: the
+    store's ``PostgresStore.session_options``.
     """
 
     #: Safe to call from any thread, concurrently with the store's batches.
     independent = True
 
-    def __init__(self, store: PostgresStore) -> None:
-        self.store = store
+    def __init__(self, options: Callable[[], dict[str, Any]]) -> None:
+        self.options = options
         self.routing: Routing | None = None
         self._session: OutboxSession | None = None
         self._opening = threading.Lock()
@@ -104,8 +104,7 @@ class PostgresOutbox(OutboxStore):
     def session(self) -> OutboxSession:
         with self._opening:
             if self._session is None:
-                store = self.store
-                self._session = OutboxSession(**store.session_options())
+                self._session = OutboxSession(**self.options())
             return self._session
 
     def run(self, fn: Callable[[Cur], T]) -> T:

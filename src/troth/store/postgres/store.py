@@ -18,16 +18,8 @@ import psycopg
 from psycopg.pq import TransactionStatus
 
 from troth.outbox.rows import OutboxRow
-from troth.store.base import (
-    BatchClaim,
-    Job,
-    Outcome,
-    Overlay,
-    Store,
-    StoreUnavailable,
-    read_only,
-)
-from troth.store.faults import StoreFault
+from troth.store.base import BatchClaim, Job, Outcome, Overlay, Store, read_only
+from troth.store.faults import StoreFault, StoreUnavailable
 from troth.store.inspection import Inspection, SqlInspection
 from troth.store.migrate import check_version, migrate
 from troth.store.outbox import in_claim_order
@@ -114,7 +106,7 @@ class PostgresStore(Session, Store):
             self.conn.close()
             raise
         self.backend = PostgresBackend(self.cur)
-        self.outbox = PostgresOutbox(self)
+        self.outbox = PostgresOutbox(self.session_options)
         self._sessions: dict[type[Session], Session] = {}
         self._sessions_opening = threading.Lock()
         #: The reader threads' sessions (``read_many``), one per thread, by thread id.

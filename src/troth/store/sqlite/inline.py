@@ -40,12 +40,10 @@ import os
 import sqlite3
 import struct
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Final, Protocol, TypeVar
+from typing import Final, Protocol, TypeVar
 
-from troth.store.base import ReadOnly, StoreUnavailable
-
-if TYPE_CHECKING:
-    from troth.store.sqlite.store import SqliteBackend
+from troth.store.base import Backend, ReadOnly
+from troth.store.faults import StoreUnavailable
 
 T = TypeVar("T")
 
@@ -92,12 +90,13 @@ class Writer(Protocol):
 
 
 class InlineReader:
-    """One reader connection on the event loop, with its held snapshot."""
+    """One reader connection on the event loop, with its held snapshot; ``backend``
+    reads on ``conn`` (the store's ``SqliteBackend``)."""
 
     def __init__(
         self,
         conn: sqlite3.Connection,
-        backend: SqliteBackend,
+        backend: Backend,
         header: mmap.mmap | None,
         store: Writer,
     ) -> None:

@@ -21,18 +21,9 @@ from troth.flow.limits import Held, Limit
 from troth.outbox import codes
 from troth.outbox.rows import OutboxRow
 from troth.protocol.records import PENDING, TAG_ORIGIN, Promise, Schedule, Tags, Task
-from troth.store.base import (
-    Backend,
-    BeginWouldWait,
-    Job,
-    Outcome,
-    ReadOnly,
-    Store,
-    StoreUnavailable,
-    read_only,
-)
+from troth.store.base import Backend, BeginWouldWait, Job, Outcome, ReadOnly, Store, read_only
 from troth.store.codec import PROMISE_COLS, SCHEDULE_COLS, TASK_COLS, RowCodec
-from troth.store.faults import Reason, StoreFault
+from troth.store.faults import Reason, StoreFault, StoreUnavailable
 from troth.store.inspection import Inspection, SqlInspection
 from troth.store.migrate import check_version, migrate
 from troth.store.outbox import OutboxStore, OutboxTable, SqlOutboxTable
