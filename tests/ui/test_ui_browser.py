@@ -4,9 +4,10 @@ driven by Playwright against a real ``troth serve`` child process on SQLite.
 The state is made on the wire (``POST /`` as the SDKs send it) rather than by SDK
 workers, to keep the module to seconds: a finished workflow (task created, a local
 step, fulfilled), one suspended on an RPC to a group no worker serves, one whose
-push target answers 404 (failed for good), one in a durable sleep, a pending promise
-for the action test, and a schedule.  Every view is loaded by its URL; each must show
-its ids and states with no console error or failed request.
+push target answers 404 (failed for good), one in a durable sleep, pending promises
+for the action tests, and a schedule; the operator actions' tests make the workflows
+they cancel.  Every view is loaded by its URL; each must show its ids and states
+with no console error or failed request.
 """
 
 from __future__ import annotations
@@ -322,6 +323,79 @@ def test_deleting_a_schedule(page: Page, world: World) -> None:
     pg.wait_for_selector("text=Deleted hourly")
     search = world.ok("schedule.search", {})
     assert [s["id"] for s in search["schedules"]] == ["nightly"]
+
+
+def state_of(world: World, id: str) -> str:
+    return str(world.ok("promise.get", {"id": id})["promise"]["state"])
+
+
+def test_cancel_workflow_settles_its_tree_and_nothing_else(page: Page, world: World) -> None:
+    # A suspended root awaiting one child, a second child and a grandchild, all tagged
+    # with the root as their origin; beside it, a pending promise of no workflow.
+    v = world.workflow("wf-cancel", "order", "order-workers")
+    world.child("wf-cancel", "wf-cancel.charge", **{"resonate:target": "poll://any@payments"})
+    world.child("wf-cancel", "wf-cancel.ship")
+    world.child("wf-cancel", "wf-cancel.ship.label", **{"resonate:parent": "wf-cancel.ship"})
+    world.suspend("wf-cancel", v, "wf-cancel.charge")
+    now = int(time.time() * 1000)
+    world.ok("promise.create", {"id": "bystander", "timeoutAt": now + HOUR, "tags": {}})
+    tree = ["wf-cancel", "wf-cancel.charge", "wf-cancel.ship", "wf-cancel.ship.label"]
+
+    pg = page.open("/workflow/wf-cancel", "workflow")
+    pg.click("button[data-action=cancel-workflow]")
+    pg.wait_for_selector("dialog[open]")
+    assert "Cancel workflow wf-cancel?" in pg.inner_text("#confirm-text")
+    expect(pg.locator("#confirm-value")).to_be_hidden()  # a reason, not a value, is asked
+    pg.fill("#confirm-reason", "customer withdrew")
+    pg.press("#confirm-reason", "Enter")  # confirms, as the form's OK button would
+    pg.wait_for_selector("#action-result:has-text('Canceled 4 promises of workflow wf-cancel')")
+    pg.wait_for_selector("main[data-ready=workflow] .call-graph")
+    assert "pending" not in pg.inner_text(".call-graph")  # the page was drawn again
+
+    for id in tree:
+        promise = world.ok("promise.get", {"id": id})["promise"]
+        assert promise["state"] == "rejected_canceled", promise
+        assert promise["value"]["headers"] == {"troth:canceled": "operator"}
+        reason = json.loads(base64.b64decode(promise["value"]["data"]))
+        assert reason == {"reason": "customer withdrew"}
+    assert state_of(world, "bystander") == "pending"
+    assert state_of(world, "wf-stuck") == "pending"  # another workflow: untouched
+
+    # Again: idempotent, and it says nothing was pending.
+    pg.click("button[data-action=cancel-workflow]")
+    pg.click("#confirm-ok")
+    pg.wait_for_selector("#action-result:has-text('Nothing to cancel')")
+
+
+def test_dismissing_the_cancel_workflow_dialog_changes_nothing(page: Page, world: World) -> None:
+    v = world.workflow("wf-keep", "order", "order-workers")
+    world.child("wf-keep", "wf-keep.step", **{"resonate:timer": "true"})
+    world.suspend("wf-keep", v, "wf-keep.step")
+    now = int(time.time() * 1000)
+    world.ok("promise.create", {"id": "approval-9", "timeoutAt": now + HOUR, "tags": {}})
+    # A dialog confirmed earlier in this tab: its answer must not carry over.
+    pg = page.open("/promise/approval-9", "promise")
+    pg.click("button[data-action=resolved]")
+    pg.click("#confirm-ok")
+    pg.wait_for_selector("text=Resolved: now resolved")
+    # A child's page offers no cancel of the whole; its root's page does.
+    pg = page.open("/promise/wf-keep.step", "promise")
+    assert pg.locator("button[data-action=cancel-workflow]").count() == 0
+    pg = page.open("/promise/wf-keep", "promise")
+    pg.click("button[data-action=cancel-workflow]")
+    pg.wait_for_selector("dialog[open]")
+    pg.fill("#confirm-reason", "not this one")
+    pg.keyboard.press("Escape")
+    pg.wait_for_selector("dialog:not([open])", state="attached")
+    pg.click("button[data-action=cancel-workflow]")
+    pg.wait_for_selector("dialog[open]")
+    assert pg.input_value("#confirm-reason") == ""  # the reason typed before is gone
+    pg.click("#confirm-no")  # "Back"
+    pg.wait_for_selector("dialog:not([open])", state="attached")
+    time.sleep(0.5)  # time for a request the page should not have sent
+    assert state_of(world, "wf-keep") == "pending"
+    assert state_of(world, "wf-keep.step") == "pending"
+    assert pg.inner_text("#action-result") == ""
 
 
 def test_narrow_screen_and_keyboard(browser: Any, world: World) -> None:
