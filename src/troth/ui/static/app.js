@@ -1,7 +1,7 @@
 // troth dashboard. Vanilla JavaScript, no build step, no third-party code.
 // Reads GET /ops/*, GET /metrics and the protocol's POST / with the operator's token
-// (kept in sessionStorage, sent as Authorization: Bearer); its operator action
-// (cancel a workflow) is POST /ops/* with the same token.
+// (kept in sessionStorage, sent as Authorization: Bearer); its two operator actions
+// (cancel a workflow, retry failed deliveries) are POST /ops/* with the same token.
 // Every value from the server enters the page through textContent (the h() helper),
 // never as HTML.
 "use strict";
@@ -789,11 +789,56 @@ views.task = async (main, id) => {
 
 const ROW_STATES = ["pending", "dispatching", "completed", "failed", "outcome_unknown"];
 
+/** What a retry did, in a line. */
+function retrySummary(a) {
+  let text = a.retried
+    ? `Retried ${plural(a.retried, "delivery", "deliveries")}: pending again, due now, attempts starting over`
+    : "No delivery was retried";
+  if (a.newer) text += `; ${plural(a.newer, "was", "were")} no longer failed or had a newer message (skipped)`;
+  if (a.taskNotPending) text += `; ${plural(a.taskNotPending, "was", "were")} for a task no longer pending (skipped)`;
+  return `${text}.`;
+}
+
+/** POST /ops/outbox/retry: a dry run first, whose count the confirmation shows, then the
+ * retry itself; the view is drawn again with the outcome, or says the refusal. */
+async function retryFailed() {
+  say("Counting failed deliveries…");
+  const dry = await opsAction("outbox/retry", { dryRun: true });
+  if (!dry.ok) {
+    say(refusal(dry), true);
+    return;
+  }
+  const d = dry.body;
+  const wanted = d.matched - d.taskNotPending;
+  const skipped = d.taskNotPending ? ` (${plural(d.taskNotPending, "more is", "more are")} skipped: the task is no longer pending)` : "";
+  if (wanted <= 0) {
+    say(`No failed delivery to retry${skipped}.`);
+    return;
+  }
+  say("");
+  const ok = await confirmAction(
+    `Retry ${wanted === 1 ? "the 1 delivery" : `all ${plural(wanted, "delivery", "deliveries")}`} that failed for good${skipped}? Each is made pending again, due at once, with its attempts starting over. To retry only some, by target or by time, use troth outbox retry with --target or --since.`,
+    { okLabel: "Retry", noLabel: "Back" },
+  );
+  if (ok === null) return;
+  say("Retrying…");
+  const r = await opsAction("outbox/retry", {});
+  if (!r.ok) {
+    say(refusal(r), true);
+    return;
+  }
+  flash = retrySummary(r.body);
+  route();
+}
+
 views.delivery = async (main, _arg, q) => {
   const st = q.get("state") || "";
   const task = q.get("task") || "";
+  const retry = h("button", { type: "button", "data-action": "retry-failed", onclick: () => busy(retry, retryFailed) }, "Retry failed deliveries…");
   put(main, 
     h("h1", {}, "Delivery"),
+    h("div", { class: "actions" }, retry),
+    actionResult(),
     h("form", { class: "search", onsubmit: (e) => { e.preventDefault(); const p = new URLSearchParams([...new FormData(e.target)].filter(([, v]) => v)); location.hash = `#/delivery${p.size ? "?" + p : ""}`; } },
       h("label", {}, "State", h("select", { name: "state" }, h("option", { value: "" }, "any"), ROW_STATES.map((s) => h("option", { value: s, selected: s === st }, s)))),
       h("label", {}, "Task", h("input", { name: "task", value: task, autocomplete: "off" })),
