@@ -14,7 +14,9 @@ import httpx
 import pytest
 
 from helpers.browser import CHROMIUM, require_chromium
+from helpers.hook import hook_server
 from helpers.sdk_env import Procs
+from helpers.support import VERSION, wait_for
 from helpers.troth_process import LoggedServer
 from troth.cli.token import keygen, sign
 
@@ -78,3 +80,88 @@ def test_login_with_an_admin_token_and_refusal_of_a_tenant_token(
             assert errors == []
         finally:
             browser.close()
+
+
+def as_admin(server: LoggedServer, private: Path, kind: str, data: Any) -> Any:
+    """One protocol request with an admin token; its answer's data."""
+    envelope = {"kind": kind, "head": {"corrId": f"test-{kind}", "version": VERSION}, "data": data}
+    headers = {"authorization": f"Bearer {token(private, role='admin')}"}
+    body = httpx.post(server.url + "/", json=envelope, headers=headers, timeout=10).json()
+    assert body["head"]["status"] == 200, body
+    return body["data"]
+
+
+def test_operator_actions_with_a_token_that_is_not_an_admin_are_refused_on_the_page(
+    secured: tuple[LoggedServer, Path],
+) -> None:
+    """The page reads nothing without an admin token, so a tab meets a refused action
+    when its token changed after the view was drawn: here a tenant's token is put in
+    the tab's storage.  The refusal is said where the button is, and nothing changes."""
+    server, private = secured
+    admin = token(private, role="admin")
+    tenant = token(private, prefix="")
+    read = {"authorization": f"Bearer {admin}"}
+    far = int(time.time() * 1000) + 3_600_000
+    root = {"resonate:origin": "wf-guarded"}
+    child = {"resonate:origin": "wf-guarded", "resonate:parent": "wf-guarded"}
+    for id, tags in (("wf-guarded", root), ("wf-guarded.a", child)):
+        as_admin(server, private, "promise.create", {"id": id, "timeoutAt": far, "tags": tags})
+    with hook_server() as hook:
+        # A listener's unblock that fails for good (404), to a target then mended: a
+        # retry would deliver it.
+        hook.status[0] = 404
+        external = {"resonate:external": "true"}
+        as_admin(server, private, "promise.create", {"id": "n", "timeoutAt": far, "tags": external})
+        address = f"http://127.0.0.1:{hook.port}/"
+        as_admin(server, private, "promise.register_listener", {"awaited": "n", "address": address})
+        as_admin(server, private, "promise.settle", {"id": "n", "state": "resolved"})
+
+        def failed() -> list[int]:
+            url = server.url + "/ops/outbox?state=failed"
+            rows = httpx.get(url, headers=read, timeout=10).json()["rows"]
+            return [r["id"] for r in rows if r.get("promiseId") == "n"]
+
+        wait_for("the unblock to fail", failed, timeout=15)
+        hook.status[0] = 200
+
+        with playwright_api.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True)
+            try:
+                page = browser.new_page()
+                errors: list[str] = []
+                page.on("pageerror", lambda e: errors.append(str(e)))
+                page.goto(server.url + "/ui/#/workflow/wf-guarded")
+                page.wait_for_selector("text=Sign in")
+                page.fill("input[name=token]", admin)
+                page.press("input[name=token]", "Enter")
+                page.wait_for_selector("main[data-ready=workflow]")
+                swap = "t => sessionStorage.setItem('troth.token', t)"
+                page.evaluate(swap, tenant)
+                page.click("button[data-action=cancel-workflow]")
+                page.click("#confirm-ok")
+                refused = page.locator("#action-result.error")
+                refused.wait_for()
+                text = refused.inner_text()
+                assert "Refused (HTTP 403)" in text and "needs an admin token" in text, text
+                assert "sign in with one" in text
+                assert page.locator("main[data-ready=workflow]").count() == 1  # still there
+
+                page.evaluate(swap, admin)
+                page.evaluate("document.querySelector('main').removeAttribute('data-ready')")
+                page.goto(server.url + "/ui/#/delivery?state=failed")
+                page.wait_for_selector("main[data-ready=delivery]")
+                page.evaluate(swap, tenant)
+                page.click("button[data-action=retry-failed]")
+                refused.wait_for()
+                text = refused.inner_text()
+                assert "Refused (HTTP 403)" in text and "needs an admin token" in text, text
+                assert page.locator("dialog[open]").count() == 0  # refused at its dry run
+                assert errors == []
+            finally:
+                browser.close()
+
+        for id in ("wf-guarded", "wf-guarded.a"):
+            promise = as_admin(server, private, "promise.get", {"id": id})["promise"]
+            assert promise["state"] == "pending", promise
+        time.sleep(0.5)  # a retry, had there been one, would have sent by now
+        assert len(failed()) == 1 and len(hook.seen) == 1

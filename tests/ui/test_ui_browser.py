@@ -4,9 +4,10 @@ driven by Playwright against a real ``troth serve`` child process on SQLite.
 The state is made on the wire (``POST /`` as the SDKs send it) rather than by SDK
 workers, to keep the module to seconds: a finished workflow (task created, a local
 step, fulfilled), one suspended on an RPC to a group no worker serves, one whose
-push target answers 404 (failed for good), one in a durable sleep, a pending promise
-for the action test, and a schedule.  Every view is loaded by its URL; each must show
-its ids and states with no console error or failed request.
+push target answers 404 (failed for good), one in a durable sleep, pending promises
+for the action tests, and a schedule; the operator actions' tests make the workflows
+they cancel and the delivery they retry.  Every view is loaded by its URL; each must
+show its ids and states with no console error or failed request.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import pytest
 from helpers.browser import Page, checked_page, chromium, require_chromium
 from helpers.hook import hook_server
 from helpers.sdk_env import Procs
+from helpers.support import wait_for
 from helpers.troth_process import LoggedServer
 from troth import PROTOCOL_VERSION, __version__
 from troth.version import schema_version
@@ -322,6 +324,144 @@ def test_deleting_a_schedule(page: Page, world: World) -> None:
     pg.wait_for_selector("text=Deleted hourly")
     search = world.ok("schedule.search", {})
     assert [s["id"] for s in search["schedules"]] == ["nightly"]
+
+
+def state_of(world: World, id: str) -> str:
+    return str(world.ok("promise.get", {"id": id})["promise"]["state"])
+
+
+def outbox(world: World, **query: str) -> list[dict[str, Any]]:
+    """Outbox rows, newest first (``GET /ops/outbox``)."""
+    params = {"limit": "1000", **query}
+    return list(
+        httpx.get(world.server.url + "/ops/outbox", params=params, timeout=10).json()["rows"]
+    )
+
+
+def row_state(world: World, row: int) -> str:
+    return str(next(r["state"] for r in outbox(world) if r["id"] == row))
+
+
+def test_cancel_workflow_settles_its_tree_and_nothing_else(page: Page, world: World) -> None:
+    # A suspended root awaiting one child, a second child and a grandchild, all tagged
+    # with the root as their origin; beside it, a pending promise of no workflow.
+    v = world.workflow("wf-cancel", "order", "order-workers")
+    world.child("wf-cancel", "wf-cancel.charge", **{"resonate:target": "poll://any@payments"})
+    world.child("wf-cancel", "wf-cancel.ship")
+    world.child("wf-cancel", "wf-cancel.ship.label", **{"resonate:parent": "wf-cancel.ship"})
+    world.suspend("wf-cancel", v, "wf-cancel.charge")
+    now = int(time.time() * 1000)
+    world.ok("promise.create", {"id": "bystander", "timeoutAt": now + HOUR, "tags": {}})
+    tree = ["wf-cancel", "wf-cancel.charge", "wf-cancel.ship", "wf-cancel.ship.label"]
+
+    pg = page.open("/workflow/wf-cancel", "workflow")
+    pg.click("button[data-action=cancel-workflow]")
+    pg.wait_for_selector("dialog[open]")
+    assert "Cancel workflow wf-cancel?" in pg.inner_text("#confirm-text")
+    expect(pg.locator("#confirm-value")).to_be_hidden()  # a reason, not a value, is asked
+    pg.fill("#confirm-reason", "customer withdrew")
+    pg.press("#confirm-reason", "Enter")  # confirms, as the form's OK button would
+    pg.wait_for_selector("#action-result:has-text('Canceled 4 promises of workflow wf-cancel')")
+    pg.wait_for_selector("main[data-ready=workflow] .call-graph")
+    assert "pending" not in pg.inner_text(".call-graph")  # the page was drawn again
+
+    for id in tree:
+        promise = world.ok("promise.get", {"id": id})["promise"]
+        assert promise["state"] == "rejected_canceled", promise
+        assert promise["value"]["headers"] == {"troth:canceled": "operator"}
+        reason = json.loads(base64.b64decode(promise["value"]["data"]))
+        assert reason == {"reason": "customer withdrew"}
+    assert state_of(world, "bystander") == "pending"
+    assert state_of(world, "wf-stuck") == "pending"  # another workflow: untouched
+
+    # Again: idempotent, and it says nothing was pending.
+    pg.click("button[data-action=cancel-workflow]")
+    pg.click("#confirm-ok")
+    pg.wait_for_selector("#action-result:has-text('Nothing to cancel')")
+
+
+def test_dismissing_the_cancel_workflow_dialog_changes_nothing(page: Page, world: World) -> None:
+    v = world.workflow("wf-keep", "order", "order-workers")
+    world.child("wf-keep", "wf-keep.step", **{"resonate:timer": "true"})
+    world.suspend("wf-keep", v, "wf-keep.step")
+    now = int(time.time() * 1000)
+    world.ok("promise.create", {"id": "approval-9", "timeoutAt": now + HOUR, "tags": {}})
+    # A dialog confirmed earlier in this tab: its answer must not carry over.
+    pg = page.open("/promise/approval-9", "promise")
+    pg.click("button[data-action=resolved]")
+    pg.click("#confirm-ok")
+    pg.wait_for_selector("text=Resolved: now resolved")
+    # A child's page offers no cancel of the whole; its root's page does.
+    pg = page.open("/promise/wf-keep.step", "promise")
+    assert pg.locator("button[data-action=cancel-workflow]").count() == 0
+    pg = page.open("/promise/wf-keep", "promise")
+    pg.click("button[data-action=cancel-workflow]")
+    pg.wait_for_selector("dialog[open]")
+    pg.fill("#confirm-reason", "not this one")
+    pg.keyboard.press("Escape")
+    pg.wait_for_selector("dialog:not([open])", state="attached")
+    pg.click("button[data-action=cancel-workflow]")
+    pg.wait_for_selector("dialog[open]")
+    assert pg.input_value("#confirm-reason") == ""  # the reason typed before is gone
+    pg.click("#confirm-no")  # "Back"
+    pg.wait_for_selector("dialog:not([open])", state="attached")
+    time.sleep(0.5)  # time for a request the page should not have sent
+    assert state_of(world, "wf-keep") == "pending"
+    assert state_of(world, "wf-keep.step") == "pending"
+    assert pg.inner_text("#action-result") == ""
+
+
+def test_retry_failed_deliveries(page: Page, world: World) -> None:
+    with hook_server() as mended:
+        # A listener's unblock that fails for good (404: sent once, never re-emitted,
+        # unlike a pending task's execute), to a target that is then mended.
+        mended.status[0] = 404
+        now = int(time.time() * 1000)
+        external = {"resonate:external": "true"}
+        world.ok("promise.create", {"id": "note-1", "timeoutAt": now + HOUR, "tags": external})
+        address = f"http://127.0.0.1:{mended.port}/hook"
+        world.ok("promise.register_listener", {"awaited": "note-1", "address": address})
+        world.ok("promise.settle", {"id": "note-1", "state": "resolved", "value": {}})
+
+        def unblocks() -> list[int]:
+            return [
+                r["id"] for r in outbox(world, state="failed") if r.get("promiseId") == "note-1"
+            ]
+
+        wait_for("the unblock to fail", unblocks, timeout=15)
+        [row] = unblocks()
+        mended.status[0] = 200
+        assert len(mended.seen) == 1
+
+        pg = page.open("/delivery?state=failed", "delivery")
+        assert "note-1" in pg.inner_text("main table")
+        dry = httpx.post(world.server.url + "/ops/outbox/retry", json={"dryRun": True}, timeout=10)
+        wanted = dry.json()["matched"] - dry.json()["taskNotPending"]
+        # The unblock and wf-fail's newest execute (and wf-stuck's RPC, once its
+        # attempts at a group nobody serves ran out: ~80 s in).
+        assert wanted >= 2
+        # Dismissed: nothing is sent.
+        pg.click("button[data-action=retry-failed]")
+        pg.wait_for_selector("dialog[open]")
+        question = pg.inner_text("#confirm-text")
+        assert f"Retry all {wanted} deliveries that failed for good" in question
+        pg.keyboard.press("Escape")
+        pg.wait_for_selector("dialog:not([open])", state="attached")
+        time.sleep(0.5)  # time for a request the page should not have sent
+        assert len(mended.seen) == 1 and row_state(world, row) == "failed"
+
+        pg.click("button[data-action=retry-failed]")
+        pg.wait_for_selector("dialog[open]")
+        pg.click("#confirm-ok")
+        pg.wait_for_selector("#action-result:has-text('Retried')")
+        pg.wait_for_selector("main[data-ready=delivery]")
+        said = pg.inner_text("#action-result")
+        assert re.match(r"Retried \d+ deliver(y|ies): pending again", said), said
+        wait_for("the unblock delivered", lambda: row_state(world, row) == "completed")
+        assert len(mended.seen) == 2
+        assert mended.seen[1][1] == mended.seen[0][1]  # the same message, sent again
+    # wf-fail's target still answers 404: its execute, retried, fails again.
+    wait_for("wf-fail failed again", lambda: outbox(world, task="wf-fail")[0]["state"] == "failed")
 
 
 def test_narrow_screen_and_keyboard(browser: Any, world: World) -> None:

@@ -5,9 +5,11 @@ package data: no build step, nothing from a CDN, works offline).  Everything it
 shows it reads in the browser from the same routes any operator tool uses —
 ``GET /ops/…``, ``GET /metrics`` and the protocol's ``POST /`` — so each of its
 data requests is checked by the same auth as a script's, and each action it takes
-(settle a promise, delete a schedule) is an ordinary protocol request, logged and
-authorised like a client's.  The files themselves hold no data, so they are served
-without a token; the page asks for one when a data request answers 401.
+is an ordinary request, authorised like a client's: settling a promise or deleting a
+schedule through the protocol, cancelling a workflow or retrying failed deliveries
+through ``POST /ops/…`` as ``troth cancel`` and ``troth outbox retry`` do.  The
+files themselves hold no data, so they are served without a token; the page asks
+for one when a data request answers 401.
 
 The files are read once when the app is built and answered from memory: serving
 the dashboard costs the request path nothing but one more ``elif`` after ``POST /``.

@@ -1,7 +1,9 @@
 // troth dashboard. Vanilla JavaScript, no build step, no third-party code.
 // Reads GET /ops/*, GET /metrics and the protocol's POST / with the operator's token
-// (kept in sessionStorage, sent as Authorization: Bearer). Every value from the
-// server enters the page through textContent (the h() helper), never as HTML.
+// (kept in sessionStorage, sent as Authorization: Bearer); its two operator actions
+// (cancel a workflow, retry failed deliveries) are POST /ops/* with the same token.
+// Every value from the server enters the page through textContent (the h() helper),
+// never as HTML.
 "use strict";
 
 const VERSION = "2026-04-01";
@@ -116,6 +118,44 @@ async function proto(kind, data) {
   return { status: body.head.status, data: body.data };
 }
 
+/** An operator action: POST /ops/{path} with a JSON body and the tab's token. Answers
+ * { ok, status, body } or { ok: false, status, error }: a refusal (401, 403, 400, 404) is
+ * returned, never thrown, so that the view says it where the button is, instead of
+ * leaving for the sign-in page. */
+async function opsAction(path, body) {
+  let r;
+  try {
+    r = await fetch(`/ops/${path}`, {
+      method: "POST",
+      headers: { "content-type": "application/json", ...authHeaders() },
+      body: JSON.stringify(body),
+    });
+  } catch (e) {
+    return { ok: false, status: 0, error: `the server could not be reached (${e.message || e})` };
+  }
+  const text = await r.text();
+  let answer = null;
+  try {
+    answer = JSON.parse(text);
+  } catch {
+    // not JSON: said as it came
+  }
+  if (r.ok && answer) return { ok: true, status: r.status, body: answer };
+  return { ok: false, status: r.status, error: answer?.error || text || `HTTP ${r.status}` };
+}
+
+/** What a refused (or unsent) action tells the operator: the server's reason and what
+ * to do. */
+function refusal(r) {
+  const hint = r.status === 403
+    ? " Operator actions need an admin token (troth token --role admin): sign out and sign in with one."
+    : r.status === 401
+      ? " The token is missing, expired or not valid: sign out and sign in again."
+      : "";
+  const said = String(r.error).replace(/\.$/, "");
+  return r.status ? `Refused (HTTP ${r.status}): ${said}.${hint}` : `Not done: ${said}.`;
+}
+
 // ---- values ---------------------------------------------------------------------
 
 function b64decode(data) {
@@ -171,19 +211,38 @@ function kindOf(p) {
 
 // ---- confirm dialog ----------------------------------------------------------------
 
-/** Ask before acting; resolves to the value text (or "" without a value), null if cancelled. */
-function confirmAction(text, { value = false, okLabel = "Confirm" } = {}) {
+/** Ask before acting; resolves to the value text (with ``value``), the reason typed (with
+ * ``reason``) or "", and to null if dismissed (its button, Escape). */
+function confirmAction(text, { value = false, reason = false, okLabel = "Confirm", noLabel = "Cancel" } = {}) {
   const dialog = $("#confirm");
   $("#confirm-text").textContent = text;
   $("#confirm-value-label").hidden = !value;
   $("#confirm-value").value = value ? "null" : "";
+  $("#confirm-reason-label").hidden = !reason;
+  $("#confirm-reason").value = "";
   $("#confirm-error").textContent = "";
   $("#confirm-ok").textContent = okLabel;
+  $("#confirm-no").textContent = noLabel;
+  // Escape may close the dialog without setting returnValue (the older rule of the
+  // standard): the answer of an earlier dialog ("ok") must not stand for this one.
+  dialog.returnValue = "";
   dialog.showModal();
   return new Promise((resolve) => {
-    dialog.addEventListener("close", () => resolve(dialog.returnValue === "ok" ? $("#confirm-value").value : null), { once: true });
+    dialog.addEventListener("close", () => {
+      if (dialog.returnValue !== "ok") resolve(null);
+      else resolve(value ? $("#confirm-value").value : reason ? $("#confirm-reason").value : "");
+    }, { once: true });
   });
 }
+
+// Enter in the reason's field confirms, as in any form (the form's first button,
+// which implicit submission would press, is the one that dismisses).
+$("#confirm-reason").addEventListener("keydown", (e) => {
+  if (e.key === "Enter") {
+    e.preventDefault();
+    $("#confirm form").requestSubmit($("#confirm-ok"));
+  }
+});
 
 // ---- views ------------------------------------------------------------------------
 
@@ -194,6 +253,32 @@ function takeFlash() {
   const text = flash;
   flash = "";
   return text;
+}
+
+/** Where a view says what its last action did (filled from ``flash`` when drawn). */
+function actionResult() {
+  return h("p", { id: "action-result", role: "status" }, takeFlash());
+}
+
+/** Say something in the view's action line without redrawing it (a refusal: a redraw
+ * would read with the same refused token and leave for the sign-in page). */
+function say(text, error = false) {
+  const box = $("#action-result");
+  if (!box) return;
+  box.textContent = text;
+  box.classList.toggle("error", error);
+}
+
+const plural = (n, one, many) => `${n.toLocaleString("en")} ${n === 1 ? one : many}`;
+
+/** Run ``act`` with ``button`` disabled, so that a second click cannot act twice. */
+async function busy(button, act) {
+  button.disabled = true;
+  try {
+    await act();
+  } finally {
+    button.disabled = false;
+  }
 }
 
 const views = {};
@@ -547,14 +632,53 @@ function timeline(id, t, limit) {
   ];
 }
 
+/** What a cancel did, in a line. */
+function cancelSummary(a) {
+  if (!a.canceled && !a.settledMeanwhile) return `Nothing to cancel: no promise of workflow ${a.id} was pending.`;
+  let text = `Canceled ${plural(a.canceled, "promise", "promises")} of workflow ${a.id}`;
+  if (a.settledMeanwhile) text += `; ${plural(a.settledMeanwhile, "was", "were")} settled meanwhile by someone else`;
+  if (a.pendingLeft) text += `; ${plural(a.pendingLeft, "promise is", "promises are")} still pending (the workflow kept growing): cancel again`;
+  return `${text}.`;
+}
+
+/** POST /ops/cancel for the workflow rooted at ``id``, after a confirmation that takes
+ * an optional reason; the view is drawn again with the outcome, or says the refusal. */
+async function cancelWorkflow(id) {
+  const reason = await confirmAction(
+    `Cancel workflow ${id}? Every promise of it still pending — the root and each promise tagged resonate:origin = ${id} — is settled rejected_canceled, the root first. Their tasks end: a worker holding one is refused at its next step. This cannot be undone.`,
+    { reason: true, okLabel: "Cancel workflow", noLabel: "Back" },
+  );
+  if (reason === null) return;
+  say("Canceling…");
+  const r = await opsAction("cancel", { id, reason: reason.trim() || undefined });
+  if (!r.ok) {
+    say(refusal(r), true);
+    return;
+  }
+  flash = cancelSummary(r.body);
+  route();
+}
+
+/** The button that cancels the workflow rooted at ``id`` (any root: the cancel is
+ * idempotent, so a finished tree answers that nothing was pending). */
+function cancelWorkflowButton(id) {
+  const button = h("button", { type: "button", class: "danger", "data-action": "cancel-workflow", onclick: () => busy(button, () => cancelWorkflow(id)) }, "Cancel workflow…");
+  return button;
+}
+
 views.workflow = async (main, id, q) => {
+  const actions = h("div", { class: "actions" });
   put(main, 
     h("h1", {}, "Workflow ", h("span", { class: "fn" }, id)),
     h("p", {}, link(`#/promise/${encodeURIComponent(id)}`, "Promise and task details"), " · ", link(`#/workflows?tags=${encodeURIComponent(`resonate:origin=${id}`)}`, "its promises as a list")),
+    actions,
+    actionResult(),
     later("Why is it not done?", async () => explainBody(await ops("explain", { id }))),
   );
   const tree = await ops("tree", { id, limit: 1000 });
   const root = buildTree(tree);
+  const origin = root?.p.tags?.["resonate:origin"];
+  if (root && (!origin || origin === id)) put(actions, cancelWorkflowButton(id));
   put(main, 
     section("Call graph", root ? h("ul", { class: "tree call-graph" }, treeNode(root, tree.tasks, tree.now)) : h("p", { class: "muted" }, "No such promise."), tree.cut ? h("p", { class: "muted" }, "(cut at 1000 promises)") : null),
   );
@@ -609,13 +733,16 @@ views.promise = async (main, id) => {
     return;
   }
   const origin = p.tags?.["resonate:origin"];
+  const settles = p.state === "pending"
+    ? [["resolved", "Resolve…"], ["rejected", "Reject…"], ["rejected_canceled", "Cancel…"]].map(([how, label]) =>
+        h("button", { type: "button", class: how === "resolved" ? "" : "danger", "data-action": how, onclick: async () => { if (await settle(p, how)) route(); } }, label))
+    : [];
+  // A workflow's root (its origin tag names itself) can be cancelled whole from here too.
+  const whole = origin === id ? [cancelWorkflowButton(id)] : [];
   put(main, 
     h("p", {}, state(p.state), " ", link(`#/workflow/${encodeURIComponent(origin || id)}`, origin && origin !== id ? `workflow ${origin}` : "workflow view and explain")),
-    p.state === "pending"
-      ? h("div", { class: "actions" }, [["resolved", "Resolve…"], ["rejected", "Reject…"], ["rejected_canceled", "Cancel…"]].map(([how, label]) =>
-          h("button", { type: "button", class: how === "resolved" ? "" : "danger", "data-action": how, onclick: async () => { if (await settle(p, how)) route(); } }, label)))
-      : null,
-    h("p", { id: "action-result", role: "status" }, takeFlash()),
+    settles.length || whole.length ? h("div", { class: "actions" }, settles, whole) : null,
+    actionResult(),
     fields([
       ["id", p.id],
       ["state", state(p.state)],
@@ -662,11 +789,56 @@ views.task = async (main, id) => {
 
 const ROW_STATES = ["pending", "dispatching", "completed", "failed", "outcome_unknown"];
 
+/** What a retry did, in a line. */
+function retrySummary(a) {
+  let text = a.retried
+    ? `Retried ${plural(a.retried, "delivery", "deliveries")}: pending again, due now, attempts starting over`
+    : "No delivery was retried";
+  if (a.newer) text += `; ${plural(a.newer, "was", "were")} no longer failed or had a newer message (skipped)`;
+  if (a.taskNotPending) text += `; ${plural(a.taskNotPending, "was", "were")} for a task no longer pending (skipped)`;
+  return `${text}.`;
+}
+
+/** POST /ops/outbox/retry: a dry run first, whose count the confirmation shows, then the
+ * retry itself; the view is drawn again with the outcome, or says the refusal. */
+async function retryFailed() {
+  say("Counting failed deliveries…");
+  const dry = await opsAction("outbox/retry", { dryRun: true });
+  if (!dry.ok) {
+    say(refusal(dry), true);
+    return;
+  }
+  const d = dry.body;
+  const wanted = d.matched - d.taskNotPending;
+  const skipped = d.taskNotPending ? ` (${plural(d.taskNotPending, "more is", "more are")} skipped: the task is no longer pending)` : "";
+  if (wanted <= 0) {
+    say(`No failed delivery to retry${skipped}.`);
+    return;
+  }
+  say("");
+  const ok = await confirmAction(
+    `Retry ${wanted === 1 ? "the 1 delivery" : `all ${plural(wanted, "delivery", "deliveries")}`} that failed for good${skipped}? Each is made pending again, due at once, with its attempts starting over. To retry only some, by target or by time, use troth outbox retry with --target or --since.`,
+    { okLabel: "Retry", noLabel: "Back" },
+  );
+  if (ok === null) return;
+  say("Retrying…");
+  const r = await opsAction("outbox/retry", {});
+  if (!r.ok) {
+    say(refusal(r), true);
+    return;
+  }
+  flash = retrySummary(r.body);
+  route();
+}
+
 views.delivery = async (main, _arg, q) => {
   const st = q.get("state") || "";
   const task = q.get("task") || "";
+  const retry = h("button", { type: "button", "data-action": "retry-failed", onclick: () => busy(retry, retryFailed) }, "Retry failed deliveries…");
   put(main, 
     h("h1", {}, "Delivery"),
+    h("div", { class: "actions" }, retry),
+    actionResult(),
     h("form", { class: "search", onsubmit: (e) => { e.preventDefault(); const p = new URLSearchParams([...new FormData(e.target)].filter(([, v]) => v)); location.hash = `#/delivery${p.size ? "?" + p : ""}`; } },
       h("label", {}, "State", h("select", { name: "state" }, h("option", { value: "" }, "any"), ROW_STATES.map((s) => h("option", { value: s, selected: s === st }, s)))),
       h("label", {}, "Task", h("input", { name: "task", value: task, autocomplete: "off" })),
@@ -701,7 +873,7 @@ views.workers = async (main, _arg, q) => {
 };
 
 views.schedules = async (main, _arg, q) => {
-  put(main, h("h1", {}, "Schedules"), h("p", { id: "action-result", role: "status" }, takeFlash()));
+  put(main, h("h1", {}, "Schedules"), actionResult());
   const r = await proto("schedule.search", { limit: PAGE, cursor: q.get("cursor") || undefined });
   if (r.status !== 200) throw new Error(`schedule.search answered ${r.status}`);
   // A run's promise id is ~{schedule id}/{the template, expanded}: the latest runs are
