@@ -15,6 +15,7 @@ import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -29,6 +30,7 @@ from troth.bench.pg import as_uri, url_of
 from troth.bench.profile import summarize
 from troth.bench.report import postgres_target_lines
 from troth.bench.results import Limits, Result, Series
+from troth.bench.runner import settings_lines
 from troth.bench.workloads import Ledger
 
 TINY = Options(
@@ -439,3 +441,27 @@ def test_tracing_runs_export_to_the_bench_sink(tmp_path: Path, ratio: float) -> 
     assert f"tracing:  on (troth serve --tracing), {share} sampled" in text
     exported = re.search(r"the servers exported ([\d,]+) batches of spans", text)
     assert exported is not None and int(exported[1].replace(",", "")) > 0, text
+
+
+class Every(dict[str, Any]):
+    """Bench settings where every value is ``value`` (the lines only format them)."""
+
+    def __init__(self, value: int) -> None:
+        super().__init__()
+        self.value = value
+
+    def __missing__(self, key: str) -> Any:
+        return self.value
+
+
+@pytest.mark.parametrize(
+    ("value", "machine", "load"),
+    [
+        (1, "  machine:  1 CPU (1)", "  load:     1 client, 1 SSE worker;"),
+        (2, "  machine:  2 CPUs (2)", "  load:     2 clients, 2 SSE workers;"),
+    ],
+)
+def test_the_bench_says_one_client_and_one_cpu(value: int, machine: str, load: str) -> None:
+    lines = settings_lines(Every(value))
+    assert any(line.startswith(machine) for line in lines), lines
+    assert any(line.startswith(load) for line in lines), lines
