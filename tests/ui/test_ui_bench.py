@@ -1,4 +1,4 @@
-"""``python -m troth.bench.ui`` (docs/benchmarks.md), the dashboard's bench, runs tiny:
+"""``python -m troth_bench.ui`` (docs/benchmarks.md), the dashboard's bench, runs tiny:
 on memory and on a throwaway PostgreSQL database."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import pytest
 
 
 def test_the_dashboard_bench_runs_tiny(capsys: pytest.CaptureFixture[str]) -> None:
-    """``python -m troth.bench.ui`` (docs/benchmarks.md) on 300 promises: every view's
+    """``python -m troth_bench.ui`` (docs/benchmarks.md) on 300 promises: every view's
     requests answer 200 (it asserts so) and the table is printed."""
-    from troth.bench.ui import main
+    from troth_bench.ui import main
 
     assert main(["300", "--repeat", "1"]) == 0
     out = capsys.readouterr().out
@@ -21,7 +21,7 @@ def test_the_dashboard_bench_runs_tiny_on_postgres(capsys: pytest.CaptureFixture
     import psycopg
 
     from helpers.pg import ADMIN_URL
-    from troth.bench.ui import main
+    from troth_bench.ui import main
 
     def databases() -> set[str]:
         with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
