@@ -1,14 +1,12 @@
 """Counts in what the commands print agree with their nouns: ``1 promise``,
-``2 promises`` — in ``troth tree`` against a real server, and in the bench's lines."""
+``2 promises`` — in ``troth tree`` against a real server (the bench's lines:
+tests/server/test_bench.py)."""
 
 from __future__ import annotations
-
-from typing import Any
 
 import pytest
 
 from helpers.support import RunningServer
-from troth.bench.runner import settings_lines
 from troth.cli.main import main
 from troth.plural import counted
 
@@ -48,27 +46,3 @@ def test_tree_counts_one_promise_and_two(
     child = {"resonate:origin": "wf", "resonate:parent": "wf"}
     server.ok("promise.create", {"id": "wf:1", "timeoutAt": FAR, "tags": child})
     assert tree_summary(server, capsys) == "(2 promises: 2 pending)"
-
-
-class Every(dict[str, Any]):
-    """Bench settings where every value is ``value`` (the lines only format them)."""
-
-    def __init__(self, value: int) -> None:
-        super().__init__()
-        self.value = value
-
-    def __missing__(self, key: str) -> Any:
-        return self.value
-
-
-@pytest.mark.parametrize(
-    ("value", "machine", "load"),
-    [
-        (1, "  machine:  1 CPU (1)", "  load:     1 client, 1 SSE worker;"),
-        (2, "  machine:  2 CPUs (2)", "  load:     2 clients, 2 SSE workers;"),
-    ],
-)
-def test_the_bench_says_one_client_and_one_cpu(value: int, machine: str, load: str) -> None:
-    lines = settings_lines(Every(value))
-    assert any(line.startswith(machine) for line in lines), lines
-    assert any(line.startswith(load) for line in lines), lines

@@ -17,9 +17,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from helpers.pg import ADMIN_URL, throwaway_database
+from helpers.pg import ADMIN_URL, dbname_of, throwaway_database
 from helpers.support import running_server
-from troth.bench.pg import dbname_of
 from troth.server.config import Settings
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "operations.md"

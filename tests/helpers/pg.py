@@ -5,17 +5,23 @@ dropped afterwards.  An unreachable server is an error, never a skip: CI starts
 PostgreSQL (``.ci/run``), and a silently skipped backend is an untested one.
 
 ``TROTH_TEST_POSTGRES`` names the maintenance database to connect to (default: the
-local cluster, user ``postgres``, database ``postgres``).  The databases are made and
-dropped by :mod:`troth.bench.pg`, the bench's throwaway databases; this module names
-the tests' server and what to do when it is unreachable.
+local cluster, user ``postgres``, database ``postgres``).  The bench makes its own
+throwaway databases the same way (``troth_bench.pg``, in the separate ``troth-bench``
+distribution): the tests never import the bench.
 """
 
 from __future__ import annotations
 
 import os
-from contextlib import AbstractContextManager
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
-from troth.bench import pg as bench_pg
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
 from troth.store.postgres import PostgresStore
 
 ADMIN_URL = os.environ.get("TROTH_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -27,19 +33,52 @@ UNREACHABLE = (
 )
 
 
+def url_of(base: str, dbname: str) -> str:
+    """``base`` pointed at database ``dbname`` (same host, port, user, options)."""
+    params = conninfo_to_dict(base)
+    params["dbname"] = dbname
+    return make_conninfo("", **params)
+
+
+def dbname_of(url: str) -> str:
+    return str(conninfo_to_dict(url).get("dbname") or "")
+
+
+def _admin() -> psycopg.Connection[tuple[Any, ...]]:
+    try:
+        return psycopg.connect(ADMIN_URL, autocommit=True, connect_timeout=10)
+    except psycopg.OperationalError as exc:
+        raise RuntimeError(
+            f"PostgreSQL is unreachable at {ADMIN_URL} ({exc}); {UNREACHABLE}"
+        ) from exc
+
+
 def create_database(prefix: str = "troth_test") -> str:
     """Create an empty database with a random name; return its connection string."""
-    return bench_pg.create_database(ADMIN_URL, prefix, hint=UNREACHABLE)
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    with _admin() as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    return url_of(ADMIN_URL, name)
 
 
 def drop_database(url: str) -> None:
     """Drop it, disconnecting whatever is still connected (a test that failed midway)."""
-    bench_pg.drop_database(ADMIN_URL, url, hint=UNREACHABLE)
+    with _admin() as conn:
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                sql.Identifier(dbname_of(url))
+            )
+        )
 
 
-def throwaway_database(prefix: str = "troth_test") -> AbstractContextManager[str]:
+@contextmanager
+def throwaway_database(prefix: str = "troth_test") -> Iterator[str]:
     """A fresh database's connection string for the ``with`` block; dropped after."""
-    return bench_pg.throwaway(ADMIN_URL, prefix, hint=UNREACHABLE)
+    url = create_database(prefix)
+    try:
+        yield url
+    finally:
+        drop_database(url)
 
 
 def fresh_store(url: str) -> PostgresStore:

@@ -5,6 +5,7 @@ a fresh SQLite file's schema and keeps what it is sent."""
 from __future__ import annotations
 
 import sqlite3
+import subprocess
 import sys
 import zipfile
 from pathlib import Path
@@ -31,6 +32,9 @@ def test_the_wheel_holds_the_dashboard_the_migrations_and_the_release(wheel: Pat
         migrations = [n for n in names if n.startswith(f"troth/store/{dialect}/migrations/")]
         assert len(migrations) == schema_version(), dialect
     assert f"\nVersion: {__version__}\n" in metadata
+    # The benchmark lab is a distribution of its own (troth-bench, bench/).
+    assert not [n for n in names if "bench" in n.split("/")[0] or n.startswith("troth/bench")]
+    assert "Provides-Extra: bench" not in metadata
 
 
 def test_installed_alone_it_serves_the_dashboard_and_a_fresh_database(
@@ -52,6 +56,11 @@ def test_installed_alone_it_serves_the_dashboard_and_a_fresh_database(
     assert Path(where.strip()).is_relative_to(venv)
     troth = str(venv / "bin/troth")
     assert run([troth, "--version"], timeout=30, cwd=elsewhere, env=env).strip() == describe()
+    # Without the lab, `troth bench` says how to get it (and runs nothing).
+    bench = subprocess.run(
+        [troth, "bench"], capture_output=True, text=True, timeout=30, cwd=elsewhere, env=env
+    )
+    assert bench.returncode == 2 and "pip install -e ./bench" in bench.stderr, bench.stderr
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"

@@ -15,21 +15,23 @@ import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 
 from helpers.pg import ADMIN_URL
-from troth.bench import drivers, peers, runner, sdk_steps, workloads
-from troth.bench import pg as bench_pg
-from troth.bench.client import BenchFailure, Client
-from troth.bench.measure import Samples
-from troth.bench.options import WORKLOADS, Options
-from troth.bench.pg import as_uri, url_of
-from troth.bench.profile import summarize
-from troth.bench.report import postgres_target_lines
-from troth.bench.results import Limits, Result, Series
-from troth.bench.workloads import Ledger
+from troth_bench import drivers, peers, runner, sdk_steps, workloads
+from troth_bench import pg as bench_pg
+from troth_bench.client import BenchFailure, Client
+from troth_bench.measure import Samples
+from troth_bench.options import WORKLOADS, Options
+from troth_bench.pg import as_uri, url_of
+from troth_bench.profile import summarize
+from troth_bench.report import postgres_target_lines
+from troth_bench.results import Limits, Result, Series
+from troth_bench.runner import settings_lines
+from troth_bench.workloads import Ledger
 
 TINY = Options(
     clients=4,
@@ -263,7 +265,7 @@ def test_a_missing_peer_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) 
 
     monkeypatch.setattr(peers.importlib, "import_module", without_pgqueuer)
     why = peers.missing("pgqueuer")
-    assert why is not None and "pip install 'troth[bench]'" in why
+    assert why is not None and "pip install -e './bench[pgqueuer]'" in why
     # The command refuses (exit 2) before it starts or measures anything.
     parser = runner.argparse.ArgumentParser()
     runner.add_bench_flags(parser)
@@ -316,7 +318,7 @@ def test_postgres_ceilings_without_pgbench(tmp_path: Path, monkeypatch: pytest.M
 
 
 def test_driver_comparison_runs_psycopg_and_reports_it() -> None:
-    """The psycopg half of ``python -m troth.bench.drivers`` (asyncpg is the bench
+    """The psycopg half of ``python -m troth_bench.drivers`` (asyncpg is the bench
     extra's): it really commits, and the report carries its figure."""
     with bench_pg.throwaway(ADMIN_URL) as url:
         with psycopg.connect(url, autocommit=True) as conn:
@@ -332,7 +334,7 @@ def test_driver_comparison_runs_psycopg_and_reports_it() -> None:
 def test_inproc_runs_every_workload_through_the_store_and_refuses_unknown_names(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from troth.bench import inproc
+    from troth_bench import inproc
 
     for name in inproc.WORKLOADS:
         # Each step raises if a request is refused or a claimed row cannot be settled.
@@ -439,3 +441,27 @@ def test_tracing_runs_export_to_the_bench_sink(tmp_path: Path, ratio: float) -> 
     assert f"tracing:  on (troth serve --tracing), {share} sampled" in text
     exported = re.search(r"the servers exported ([\d,]+) batches of spans", text)
     assert exported is not None and int(exported[1].replace(",", "")) > 0, text
+
+
+class Every(dict[str, Any]):
+    """Bench settings where every value is ``value`` (the lines only format them)."""
+
+    def __init__(self, value: int) -> None:
+        super().__init__()
+        self.value = value
+
+    def __missing__(self, key: str) -> Any:
+        return self.value
+
+
+@pytest.mark.parametrize(
+    ("value", "machine", "load"),
+    [
+        (1, "  machine:  1 CPU (1)", "  load:     1 client, 1 SSE worker;"),
+        (2, "  machine:  2 CPUs (2)", "  load:     2 clients, 2 SSE workers;"),
+    ],
+)
+def test_the_bench_says_one_client_and_one_cpu(value: int, machine: str, load: str) -> None:
+    lines = settings_lines(Every(value))
+    assert any(line.startswith(machine) for line in lines), lines
+    assert any(line.startswith(load) for line in lines), lines

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from troth.bench import ceiling, runner
-from troth.bench.options import Options
+from troth_bench import ceiling, runner
+from troth_bench.options import Options
 
 WRK_OUTPUT = """\
 Running 1s test @ http://127.0.0.1:40000/

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from troth.bench import runner
-from troth.bench.client import Client
-from troth.bench.measure import Window
-from troth.bench.openloop import OpenLoop
-from troth.bench.options import Offered, Options, open_loop_loads, problems
-from troth.bench.svg import Line, Panel, chart
+from troth_bench import runner
+from troth_bench.client import Client
+from troth_bench.measure import Window
+from troth_bench.openloop import OpenLoop
+from troth_bench.options import Offered, Options, open_loop_loads, problems
+from troth_bench.svg import Line, Panel, chart
 
 SVG = "{http://www.w3.org/2000/svg}"
 REPLY = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"

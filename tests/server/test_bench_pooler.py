@@ -13,8 +13,8 @@ from pathlib import Path
 
 from helpers.pg import ADMIN_URL, throwaway_database
 from helpers.pgbouncer import needs_pgbouncer, pgbouncer
-from troth.bench import runner
-from troth.bench.options import Options
+from troth_bench import runner
+from troth_bench.options import Options
 
 pytestmark = needs_pgbouncer
 

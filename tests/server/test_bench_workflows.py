@@ -20,8 +20,8 @@ import pytest
 
 from helpers.pg import ADMIN_URL
 from helpers.sdk_env import build_python_sdk
-from troth.bench import runner, sdk_load
-from troth.bench.options import Options
+from troth_bench import runner, sdk_load
+from troth_bench.options import Options
 
 TINY = Options(
     dir=None,

@@ -19,7 +19,16 @@ import pytest
 
 from helpers import pg
 from helpers.support import VERSION, free_port
-from troth.bench.procs import child_pids
+
+
+def child_pids(pid: int) -> list[int]:
+    """The child processes of ``pid``, sorted (Linux: /proc/PID/task/PID/children);
+    none when it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return sorted(int(c) for c in text.split())
 
 
 @pytest.fixture(scope="module")

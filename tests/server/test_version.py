@@ -76,3 +76,13 @@ def test_the_install_instructions_name_the_current_wheel() -> None:
     wheel = f"troth-{__version__}-py3-none-any.whl"
     for doc in ("README.md", "docs/install.md"):
         assert wheel in (ROOT / doc).read_text(), doc
+
+
+def test_the_bench_lab_is_troths_release_and_pins_it() -> None:
+    """troth-bench (bench/) drives troth's internals: its release is troth's, it
+    depends on exactly that troth, and the installed lab says so too."""
+    bench = tomllib.loads((ROOT / "bench" / "pyproject.toml").read_text())["project"]
+    assert bench["name"] == "troth-bench"
+    assert bench["version"] == __version__
+    assert f"troth=={__version__}" in bench["dependencies"]
+    assert metadata.version("troth-bench") == __version__

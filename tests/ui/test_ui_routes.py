@@ -8,7 +8,6 @@ import asyncio
 from typing import Any
 
 import httpx
-import pytest
 
 from troth.server.config import Settings
 from troth.server.run import build_app
@@ -49,16 +48,6 @@ def test_promises_by_tags_take_a_json_object() -> None:
     assert get(s, "/ops/promises?order=desc&tags=%7B%22a%22%3A%22b%22%7D").status_code == 400
     answer = get(s, "/ops/promises?tags=%7B%22a%22%3A%22b%22%7D").json()
     assert answer == {"promises": [], "next": None, "looked": 0}
-
-
-def test_the_dashboard_bench_runs_tiny(capsys: pytest.CaptureFixture[str]) -> None:
-    """``python -m troth.bench.ui`` (docs/benchmarks.md) on 300 promises: every view's
-    requests answer 200 (it asserts so) and the table is printed."""
-    from troth.bench.ui import main
-
-    assert main(["300", "--repeat", "1"]) == 0
-    out = capsys.readouterr().out
-    assert "/ops/tree?id=wf&limit=1000" in out and "per view" in out
 
 
 def test_timeline_interleaves_task_events_and_says_which_times_are_not_recorded() -> None:
@@ -108,22 +97,3 @@ def test_timeline_interleaves_task_events_and_says_which_times_are_not_recorded(
     assert renewed[1:3] == (2, "w2") and renewed[3] is not None
     texts = " ".join(e["text"] for e in answer["events"])
     assert "time not recorded" in texts and "released, or its lease lapsed" in texts
-
-
-def test_the_dashboard_bench_runs_tiny_on_postgres(capsys: pytest.CaptureFixture[str]) -> None:
-    """``--postgres``: seeded into a fresh database on that server, dropped after."""
-    import psycopg
-
-    from helpers.pg import ADMIN_URL
-    from troth.bench.ui import main
-
-    def databases() -> set[str]:
-        with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
-            rows = conn.execute("SELECT datname FROM pg_database").fetchall()
-        return {r[0] for r in rows if r[0].startswith("troth_bench_ui")}
-
-    before = databases()
-    assert main(["300", "--repeat", "1", "--postgres", ADMIN_URL]) == 0
-    out = capsys.readouterr().out
-    assert "(postgres)" in out and "/ops/timeline?id=wf&limit=200" in out
-    assert databases() == before

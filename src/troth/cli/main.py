@@ -1,7 +1,8 @@
 """The ``troth`` command: its parser, the server's options, and the dispatch to each
 command (the client commands in ``client.py``, ``token`` in ``token.py``, ``backup``
 and ``migrate-store`` in ``storage.py``, ``migrate`` in ``migrate.py``, ``mcp`` in
-``mcp/``, ``bench`` in ``troth.bench``).
+``mcp/``; ``bench`` is the benchmark lab, ``troth_bench``, a distribution of its own:
+``troth-bench``, ``bench/`` in the checkout, run when it is installed).
 
 What a user reads (descriptions, help, examples) is written here for the terminal;
 this docstring is for contributors and is never shown.  The server's options come in
@@ -12,10 +13,10 @@ groups that are the README's configuration table, section for section
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 from typing import Any
 
-from troth.bench.options import add_bench_flags
 from troth.cli import mcp as mcp_command
 from troth.cli.client import add_client_commands, run_client
 from troth.cli.help import Formatter, default_text
@@ -88,6 +89,17 @@ examples:
   troth bench --open-loop sweep --chart curve.svg
   troth bench --store postgres --nodes 1,2
   troth bench --url http://127.0.0.1:8001 --workloads reads"""
+
+#: ``troth bench`` without the lab installed (it is not in troth's wheel): exit 2.
+BENCH_MISSING = """\
+troth bench: the benchmark lab (troth-bench) is not installed. From troth's
+checkout: pip install -e ./bench  (./scripts/test installs it in .venv)"""
+
+
+def bench_lab_installed() -> bool:
+    """Whether ``troth_bench`` (the ``troth-bench`` distribution) can be imported.  Only
+    its absence counts: a lab that is there but fails to import says why itself."""
+    return importlib.util.find_spec("troth_bench") is not None
 
 
 def flag(
@@ -395,15 +407,27 @@ def build_parser() -> argparse.ArgumentParser:
     add_server_flags(dev, DEV)
     add_token_command(sub)
     add_storage_commands(sub)
-    bench = sub.add_parser(
-        "bench",
-        help="measure a server and this machine",
-        usage="%(prog)s [OPTIONS]",
-        description=BENCH_DESCRIPTION,
-        epilog=BENCH_EPILOG,
-        formatter_class=Formatter,
-    )
-    add_bench_flags(bench)
+    if bench_lab_installed():
+        from troth_bench.options import add_bench_flags
+
+        bench = sub.add_parser(
+            "bench",
+            help="measure a server and this machine",
+            usage="%(prog)s [OPTIONS]",
+            description=BENCH_DESCRIPTION,
+            epilog=BENCH_EPILOG,
+            formatter_class=Formatter,
+        )
+        add_bench_flags(bench)
+    else:
+        # Whatever follows (--help too) is left to main(), which says how to install it.
+        sub.add_parser(
+            "bench",
+            help="measure a server and this machine (needs troth-bench)",
+            usage="%(prog)s [OPTIONS]",
+            description=BENCH_DESCRIPTION,
+            add_help=False,
+        )
     add_client_commands(sub)
     mcp_command.add_mcp_command(sub)
     add_migrate_command(sub)
@@ -411,7 +435,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if args.command == "bench" and not bench_lab_installed():
+        print(BENCH_MISSING, file=sys.stderr)
+        return EXIT_CONFIG
+    if unknown:  # what parse_args would have refused
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.command == "token":
         return run_token(args)
     if args.command in ("backup", "migrate-store"):
@@ -421,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "build", None) is not None:
         return run_client(args)
     if args.command == "bench":
-        from troth.bench.runner import run_from_args
+        from troth_bench.runner import run_from_args
 
         return run_from_args(args)
     if args.command == "mcp":
