@@ -1,5 +1,5 @@
 """Concurrency limits per worker group (troth/flow, docs/operations.md "Flow control"),
-driven over the wire on memory and SQLite: a task beyond the limit stays pending with
+driven over the wire on memory, SQLite and PostgreSQL: a task beyond the limit stays pending with
 no ``execute``; a freed slot lets the next queued task go in the same commit, by
 ``troth:priority`` then by creation; an acquire beyond the limit is refused (409) and
 changes nothing; setting, raising and deleting a limit take effect at once."""
@@ -7,11 +7,13 @@ changes nothing; setting, raising and deleting a limit take effect at once."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from helpers.pg import throwaway_database
 from helpers.support import RunningServer, running_server
 from helpers.wire import action
 from troth.server.config import Settings
@@ -21,10 +23,16 @@ T0 = 1_800_000_000_000
 GROUP = "fc"
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
 def flow_server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[RunningServer]:
-    db = str(tmp_path / "flow.db") if request.param == "sqlite" else ":memory:"
-    with running_server(Settings(store=request.param, db=db, debug=True)) as s:
+    with ExitStack() as stack:
+        if request.param == "postgres":
+            url = stack.enter_context(throwaway_database("troth_flow"))
+            settings = Settings(store="postgres", postgres_url=url, debug=True)
+        else:
+            db = str(tmp_path / "flow.db") if request.param == "sqlite" else ":memory:"
+            settings = Settings(store=request.param, db=db, debug=True)
+        s = stack.enter_context(running_server(settings))
         s.ok("debug.start", {})  # the timer paused: only the requests here act
         yield s
 
@@ -210,6 +218,7 @@ def test_a_settled_held_task_leaves_the_queue(flow_server: RunningServer) -> Non
     create(s, "c")
     assert acquire(s, "a")[0] == 200
     s.ok("promise.settle", {"id": "b", "state": "rejected_canceled", "value": {}}, now=T0)
+    assert limits(s)[GROUP]["held"] == 1  # only c waits now
     fulfil(s, "a")
     assert "c" in executes(s) and "b" not in executes(s)
 

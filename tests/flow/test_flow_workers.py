@@ -2,13 +2,14 @@
 as an SDK holds them) run thirty tasks of 0.3 s under ``concurrency 3``.  Never more
 than three run at once, three do run at once (a freed slot's next ``execute`` goes
 at once, not at the retry timer), and the whole takes little more than the ideal
-ten rounds.  On PostgreSQL, setting a limit is refused (501) and changes nothing."""
+ten rounds; the same across two nodes on one PostgreSQL database."""
 
 from __future__ import annotations
 
 import queue
 import threading
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
@@ -70,10 +71,16 @@ def work(server: RunningServer, name: str, running: Running, stop: threading.Eve
             server.ok("task.fulfill", body)
 
 
-@pytest.mark.parametrize("store", ["memory", "sqlite"])
+@pytest.mark.parametrize("store", ["memory", "sqlite", "postgres"])
 def test_ten_workers_run_at_most_three_tasks_at_once(store: str, tmp_path: Path) -> None:
     db = str(tmp_path / "w.db") if store == "sqlite" else ":memory:"
-    with running_server(Settings(store=store, db=db)) as server:
+    with ExitStack() as stack:
+        if store == "postgres":
+            url = stack.enter_context(throwaway_database("troth_flow1"))
+            settings = Settings(store="postgres", postgres_url=url)
+        else:
+            settings = Settings(store=store, db=db)
+        server = stack.enter_context(running_server(settings))
         r = server.client.post("/ops/limits/set", json={"group": "fc", "concurrency": LIMIT})
         assert r.status_code == 200, r.text
         running, stop = Running(), threading.Event()
@@ -102,12 +109,50 @@ def test_ten_workers_run_at_most_three_tasks_at_once(store: str, tmp_path: Path)
     assert took <= 1.5 * ideal + 2, took
 
 
-def test_postgres_refuses_a_limit_until_it_keeps_them() -> None:
+def test_two_postgres_nodes_keep_one_limit_exactly() -> None:
+    """Five workers on each of two nodes sharing one database, ``concurrency 4``, the
+    tasks created on both: never more than four run at once, across the nodes, and
+    four do."""
+    tasks, limit = 40, 4
     with (
-        throwaway_database("troth_flow") as url,
-        running_server(Settings(store="postgres", postgres_url=url)) as server,
+        throwaway_database("troth_flow2") as url,
+        running_server(Settings(store="postgres", postgres_url=url, node_id="n1")) as n1,
+        running_server(Settings(store="postgres", postgres_url=url, node_id="n2")) as n2,
     ):
-        r = server.client.post("/ops/limits/set", json={"group": "fc", "concurrency": 3})
-        assert r.status_code == 501
-        assert "not available on the postgres store" in r.json()["error"]
-        assert server.client.get("/ops/limits").json() == {"limits": []}
+        r = n1.client.post("/ops/limits/set", json={"group": "fc", "concurrency": limit})
+        assert r.status_code == 200, r.text
+        # n2 learns of the limit within a second (it reads them every second).
+        deadline = time.monotonic() + 5
+        while not n2.app.engine.flow.limits and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "fc" in n2.app.engine.flow.limits
+        running, stop = Running(), threading.Event()
+        threads = [
+            threading.Thread(
+                target=work, args=(node, f"w{i}-{node_id}", running, stop), daemon=True
+            )
+            for node_id, node in (("1", n1), ("2", n2))
+            for i in range(WORKERS // 2)
+        ]
+        for t in threads:
+            t.start()
+        time.sleep(0.5)
+        began = time.monotonic()
+        for i in range(tasks):
+            node = (n1, n2)[i % 2]
+            tags = {"resonate:target": "poll://any@fc"}
+            node.ok("promise.create", {"id": f"job{i}", "timeoutAt": FAR, "tags": tags})
+        deadline = began + 60
+        while len(running.done) < tasks and time.monotonic() < deadline:
+            time.sleep(0.05)
+        took = time.monotonic() - began
+        stop.set()
+        for t in threads:
+            t.join(10)
+    assert sorted(running.done) == sorted(f"job{i}" for i in range(tasks))
+    assert running.most == limit
+    ideal = tasks / limit * WORK_S
+    print(
+        f"two nodes, {tasks} tasks of {WORK_S} s, limit {limit}: {took:.2f} s (ideal {ideal:.1f} s)"
+    )
+    assert took <= 1.5 * ideal + 2, took

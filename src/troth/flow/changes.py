@@ -16,7 +16,7 @@ from typing import Any, Final
 
 from troth.flow.gate import admit
 from troth.flow.limits import Limit, group_of
-from troth.machine.state import ACQUIRED
+from troth.machine.state import ACQUIRED, TASK_PENDING
 from troth.protocol.records import TAG_TARGET
 from troth.store.base import Overlay
 
@@ -31,9 +31,26 @@ def set_limit(limit: Limit, now: int) -> Callable[[Overlay], dict[str, Any]]:
         known = {old.group: old for old in tx.backend.flow_limits()}
         tx.writes.limits = {limit.group: limit}
         if limit.group not in known:
-            _count_running(tx, limit.group)
+            _put_right(tx, limit.group)
         admitted = admit(tx, now, limit)
         return {**usage(tx, limit), "admitted": admitted}
+
+    return job
+
+
+def read_limits(tx: Overlay) -> list[Limit]:
+    """Every limit (a job that writes nothing)."""
+    return tx.backend.flow_limits()
+
+
+def reconcile(group: str) -> Callable[[Overlay], None]:
+    """The job a node runs when it learns of a limit another node set: the group's
+    slots put right (the node may have let a worker take, or seen end, a task of
+    the group in the moment before it knew)."""
+
+    def job(tx: Overlay) -> None:
+        if any(limit.group == group for limit in tx.backend.flow_limits()):
+            _put_right(tx, group)
 
     return job
 
@@ -71,8 +88,15 @@ def usage(tx: Overlay, limit: Limit) -> dict[str, Any]:
     }
 
 
-def _count_running(tx: Overlay, group: str) -> None:
-    """Give every task of ``group`` acquired now a slot."""
+def _put_right(tx: Overlay, group: str) -> None:
+    """The slots of ``group`` are those of its tasks acquired now, and of its pending
+    tasks whose ``execute`` was let through: a slot of a task that ended is freed,
+    an acquired task without one gets one."""
+    tx.backend.flow_lock(group)
+    for task_id in tx.backend.flow_slots_of(group):
+        task = tx.get_task(task_id)
+        if task is None or task.state not in (ACQUIRED, TASK_PENDING):
+            tx.take_slot(task_id, None)
     after: str | None = None
     while True:
         page = tx.scan_tasks([ACQUIRED], after, SCAN_PAGE)

@@ -17,7 +17,10 @@ step then looks at what the job wrote, while some group has a limit:
   gets its task at once, not at the next retry timer.
 
 On a store with one writer (memory, SQLite) the counts it reads are exact: no other
-job runs beside it.
+job runs beside it.  On PostgreSQL a job locks the group's limit row before it counts
+(``Backend.flow_lock``): nodes admitting to one group take turns, and each count
+sees the others' committed slots.  Freeing a slot takes no lock: a count that misses
+a free only admits less, and the job that freed admits right after, under the lock.
 """
 
 from __future__ import annotations
@@ -55,18 +58,20 @@ class Flow:
         touched: set[str] = set()
         backend = tx.backend
         for id, task in list(writes.tasks.items()):
+            entry = writes.messages.get(id)
+            execute = entry if entry is not None and isinstance(entry.message, Execute) else None
+            # Only a task of a limited group holds a slot or waits for one: anything
+            # else costs this lookup (its promise, which the job has read already).
+            group = group_of(execute.address) if execute is not None else self._group(tx, id)
+            if group is None or group not in limits:
+                continue
             before = backend.get_task(id)
             was = None if before is None else before.state
             if was == ACQUIRED and task.state == ACQUIRED:
                 continue  # a heartbeat, a fence: the slot it holds stays held
-            entry = writes.messages.get(id)
-            execute = entry if entry is not None and isinstance(entry.message, Execute) else None
             slot = tx.flow_slot(id)
             if task.state == ACQUIRED:
                 if slot is not None:
-                    continue
-                group = self._group(tx, id)
-                if group is None:
                     continue
                 if id == acquiring:
                     refusal = self._refusal(tx, id, group, limits[group])
@@ -81,43 +86,36 @@ class Flow:
                     continue  # reserved: its execute (re-)sent, no worker has it yet
                 tx.take_slot(id, None)
                 touched.add(slot)
+            if task.state != TASK_PENDING:
+                tx.queue(id, None)  # ended while held (settled, timed out): not waiting
             if execute is not None:
-                group = group_of(execute.address)
-                if group in limits:
-                    del writes.messages[id]
-                    writes.available_at.pop(id, None)
-                    if writes.withdrawn is None:
-                        writes.withdrawn = set()
-                    writes.withdrawn.add(id)
-                    promise = tx.get_promise(id)
-                    assert promise is not None  # an execute names a task of a promise
-                    tx.queue(
-                        id,
-                        Held(
-                            id,
-                            group,
-                            execute.address,
-                            priority_of(promise.tags),
-                            promise.created_at,
-                        ),
-                    )
-                    touched.add(group)
+                del writes.messages[id]
+                writes.available_at.pop(id, None)
+                if writes.withdrawn is None:
+                    writes.withdrawn = set()
+                writes.withdrawn.add(id)
+                promise = tx.get_promise(id)
+                assert promise is not None  # an execute names a task of a promise
+                held = Held(
+                    id, group, execute.address, priority_of(promise.tags), promise.created_at
+                )
+                tx.queue(id, held)
+                touched.add(group)
         for group in touched:
             limit = limits.get(group)
             if limit is not None:
                 admit(tx, now, limit)
         return None
 
-    def _group(self, tx: Overlay, id: str) -> str | None:
-        """The limited group the task's promise targets, or None."""
+    @staticmethod
+    def _group(tx: Overlay, id: str) -> str | None:
+        """The worker group the task's promise targets, or None."""
         promise = tx.get_promise(id)
-        if promise is None:
-            return None
-        group = group_of(promise.tags.get(TAG_TARGET, ""))
-        return group if group in self.limits else None
+        return None if promise is None else group_of(promise.tags.get(TAG_TARGET, ""))
 
     @staticmethod
     def _refusal(tx: Overlay, id: str, group: str, limit: Limit) -> Response | None:
+        tx.backend.flow_lock(group)
         in_use = tx.flow_in_use(group)
         if in_use >= limit.concurrency:
             return error(
@@ -141,6 +139,7 @@ def admit(tx: Overlay, now: int, limit: Limit) -> int:
     promise settled, or a worker took it) just leaves the queue.  How many were let
     through."""
     group = limit.group
+    tx.backend.flow_lock(group)
     free = limit.concurrency - tx.flow_in_use(group)
     admitted = 0
     while free > 0:

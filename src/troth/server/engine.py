@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from troth.flow.changes import read_limits, reconcile
 from troth.flow.gate import Flow
 from troth.machine.core import READ_ONLY, handle, lock_keys, read, settled_keys, tick
 from troth.machine.internal import Config
@@ -42,6 +43,9 @@ from troth.store.base import BeginWouldWait, Job, Outcome, Overlay, Store
 from troth.store.faults import StoreFault, StoreUnavailable
 
 log = logging.getLogger("troth.engine")
+#: Seconds between two reads of the limits on a store shared between nodes: how long
+#: a limit set on one node takes to hold on the others.
+LIMITS_REFRESH = 1.0
 T = TypeVar("T")
 
 #: Requests that only read one promise, task or schedule (the machine writes nothing
@@ -168,6 +172,8 @@ class Engine:
         self._reads: queue.SimpleQueue[_Work | None] = queue.SimpleQueue()
         self._readers: list[threading.Thread] = []
         self._timer: asyncio.Task[None] | None = None
+        #: Reads the limits other nodes set (a store shared between nodes).
+        self._limits: asyncio.Task[None] | None = None
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._target = math.inf  # the instant the timer sleeps until
@@ -209,9 +215,33 @@ class Engine:
                 reader.start()
         self._timer = asyncio.create_task(self._run_timer(), name="troth-timer")
         self._watchdog = asyncio.create_task(self._watch(), name="troth-deadlines")
+        if self.store.shared:
+            self.flow.load(await self.run(read_limits, self.clock()))
+            self._limits = asyncio.create_task(self._watch_limits(), name="troth-limits")
+
+    async def _watch_limits(self) -> None:
+        """Other nodes may set or delete a limit: read them every
+        :data:`LIMITS_REFRESH` seconds.  A group this node learns of has its slots
+        put right (``flow.changes.reconcile``): a task this node let a worker take, or
+        saw end, before it knew of the limit is counted, or no longer counted."""
+        while True:
+            await asyncio.sleep(LIMITS_REFRESH)
+            try:
+                found = await self.run(read_limits, self.clock())
+                known = self.flow.limits
+                self.flow.load(found)
+                for limit in found:
+                    if limit.group not in known:
+                        await self.run(reconcile(limit.group), self.clock())
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the store refuses now: the next pass tries again
+                log.debug("could not read the limits: %s", exc)
 
     async def stop(self) -> None:
         """Stop the timer, let the writer finish what was queued, close the store."""
+        await cancel_and_wait(self._limits)
+        self._limits = None
         await cancel_and_wait(self._timer)
         self._timer = None
         await cancel_and_wait(self._watchdog)

@@ -109,6 +109,16 @@ class Backend(ABC):
         """How many tasks hold a slot of ``group``."""
         raise NotImplementedError(f"{type(self).__name__} keeps no limits")
 
+    def flow_lock(self, group: str) -> None:
+        """Take the group's turn: until this transaction ends, no other counts or
+        admits for ``group`` (a store shared between nodes locks its limit row; a
+        store with one writer has nothing to do)."""
+        return None
+
+    def flow_slots_of(self, group: str) -> list[str]:
+        """The tasks that hold a slot of ``group``, by id."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no limits")
+
     def flow_held(self, group: str, limit: int) -> list[Held]:
         """The first ``limit`` tasks queued for a slot of ``group``, in queue order:
         higher priority first, then first created, then by id."""
@@ -394,9 +404,6 @@ class Store(ABC):
     #: elsewhere the engine does not work them out (a suspend's or a create's inner
     #: actions would be decoded twice per request for nothing).
     uses_keys: bool = False
-    #: Whether it keeps flow control's limits (``troth/flow``); one that does not
-    #: refuses a limit rather than ignore it.
-    flow_control: bool = False
     #: The outbox-row lifecycle the dispatcher works through.
     outbox: OutboxLifecycle
     #: Set by the server's delivery: asked, on the writer thread, by a batch that
@@ -409,7 +416,8 @@ class Store(ABC):
 
     def flow_load(self) -> list[Limit]:
         """The limits as stored, read at start without a transaction of the writer's
-        (a store that keeps them overrides it; one that does not has none)."""
+        (a store with one writer overrides it; a store shared between nodes reads
+        them through its writer once it runs, and again every second)."""
         return []
 
     # -- what a backend implements -------------------------------------------------

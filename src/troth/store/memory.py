@@ -100,6 +100,9 @@ class MemoryBackend(Backend):
     def flow_in_use(self, group: str) -> int:
         return self.in_use[group]
 
+    def flow_slots_of(self, group: str) -> list[str]:
+        return sorted(t for t, g in self.slots.items() if g == group)
+
     def flow_held(self, group: str, limit: int) -> list[Held]:
         mine = [h for h in self.queued.values() if h.group == group]
         return sorted(mine, key=held_order)[:limit]
@@ -269,7 +272,6 @@ class MemoryStore(Store):
     """Group commit over dicts: a batch's writes are applied as each job returns."""
 
     name = "memory"
-    flow_control = True
 
     def __init__(self) -> None:
         super().__init__()

@@ -13,6 +13,7 @@ from typing import Any, Final, TypeVar, cast
 import psycopg
 from psycopg.pq import TransactionStatus
 
+from troth.flow.limits import Held, Limit
 from troth.protocol.records import (
     PENDING,
     TAG_ORIGIN,
@@ -261,6 +262,12 @@ class PostgresBackend(Backend):
         #: Deferred ``Writes.traces`` (tracing on), by promise id: the first kept.
         self.pending_traces: dict[str, str] = {}
         self.pending_messages: dict[str, tuple[Any, ...]] = {}
+        #: Deferred flow-control statements (``Writes.slots``, ``held``, ``limits``,
+        #: ``withdrawn``), in order; sent before the messages, so that a message
+        #: withdrawn by one job and written again by a later one stays.
+        self.pending_flow: list[tuple[str, Any]] = []
+        #: The slots this transaction read or wrote, by task id (None: none).
+        self.slots: dict[str, str | None] = {}
 
     @staticmethod
     def _seen(seen: dict[str, bool], kind: str, id: str, found: bool) -> None:
@@ -324,6 +331,9 @@ class PostgresBackend(Backend):
             self.pending_traces = {}
         statements += self.pending_schedules
         self.pending_schedules = []
+        if self.pending_flow:
+            statements += self.pending_flow
+            self.pending_flow = []
         if self.pending_messages:
             statements.append(_messages_statement(list(self.pending_messages.values())))
             self.pending_messages = {}
@@ -492,6 +502,73 @@ class PostgresBackend(Backend):
     def get_schedule(self, id: str) -> Schedule | None:
         return self._point("schedules", id, (id,), CODEC.schedule, None)
 
+    # -- flow control ---------------------------------------------------------------
+
+    def flow_limits(self) -> list[Limit]:
+        self.flush()
+        rows = self.cur.execute(Q["flow_limits"]).fetchall()
+        return [Limit(str(group), int(concurrency)) for group, concurrency in rows]
+
+    def flow_lock(self, group: str) -> None:
+        self.flush()
+        self.cur.execute(Q["flow_lock"], (group,)).fetchall()
+
+    def flow_slot(self, task_id: str) -> str | None:
+        if task_id in self.slots:
+            return self.slots[task_id]
+        self.flush()
+        r = self.cur.execute(Q["flow_slot"], (task_id,)).fetchone()
+        found = None if r is None else str(r[0])
+        self.slots[task_id] = found
+        return found
+
+    def flow_in_use(self, group: str) -> int:
+        self.flush()
+        return self._count(Q["flow_in_use"], group)
+
+    def flow_slots_of(self, group: str) -> list[str]:
+        self.flush()
+        return [str(r[0]) for r in self.cur.execute(Q["flow_slots_of"], (group,)).fetchall()]
+
+    def flow_held(self, group: str, limit: int) -> list[Held]:
+        self.flush()
+        rows = self.cur.execute(Q["flow_held"], (group, limit)).fetchall()
+        return [Held(str(t), str(g), str(a), int(p), int(c)) for t, g, a, p, c in rows]
+
+    def flow_held_count(self, group: str) -> int:
+        self.flush()
+        return self._count(Q["flow_held_count"], group)
+
+    def _count(self, sql: str, group: str) -> int:
+        r = self.cur.execute(sql, (group,)).fetchone()
+        return 0 if r is None else int(r[0])
+
+    def _flow_statements(self, writes: Writes, now: int) -> list[tuple[str, Any]]:
+        statements: list[tuple[str, Any]] = []
+        for key in sorted(writes.withdrawn or ()):
+            self.pending_messages.pop(key, None)
+            statements.append((Q["flow_withdraw"], (key,)))
+        for task_id, group in sorted((writes.slots or {}).items()):
+            self.slots[task_id] = group
+            if group is None:
+                statements.append((Q["flow_delete_slot"], (task_id,)))
+            else:
+                statements.append((Q["flow_put_slot"], (task_id, group)))
+        for task_id, held in sorted((writes.held or {}).items()):
+            if held is None:
+                statements.append((Q["flow_delete_held"], (task_id,)))
+            else:
+                row = (held.task_id, held.group, held.address, held.priority, held.created_at)
+                statements.append((Q["flow_put_held"], row))
+        for group, limit in sorted((writes.limits or {}).items()):
+            if limit is None:
+                statements.append((Q["flow_delete_limit"], (group,)))
+                statements.append((Q["flow_delete_group_slots"], (group,)))
+                self.slots = {t: g for t, g in self.slots.items() if g != group}
+            else:
+                statements.append((Q["flow_put_limit"], (group, limit.concurrency, now)))
+        return statements
+
     def _scan_rows(
         self,
         table: str,
@@ -627,6 +704,8 @@ class PostgresBackend(Backend):
             if writes.traces:
                 statements.append(_traces_statement(writes.traces))
             statements += self._schedule_statements(writes)
+            if writes.slots or writes.held or writes.limits or writes.withdrawn:
+                statements += self._flow_statements(writes, now)
             if writes.messages:
                 held = writes.available_at
                 rows = [
@@ -676,6 +755,8 @@ class PostgresBackend(Backend):
             insert = earlier[1] if earlier else self.seen_tasks.get(id) is False
             self.pending_tasks[id] = (CODEC.task_row(t), insert)
         self.pending_schedules += self._schedule_statements(writes)
+        if writes.slots or writes.held or writes.limits or writes.withdrawn:
+            self.pending_flow += self._flow_statements(writes, now)
         if writes.traces:
             for id, trace in writes.traces.items():
                 self.pending_traces.setdefault(id, trace)

@@ -281,8 +281,9 @@ SELECT set_config('lock_timeout', '0', true), pg_notify('troth', %s)
 -- ~2 ms instead of ~45 ms (TRUNCATE makes new files for every table and index).
 -- name: reset
 LOCK TABLE promises, tasks, schedules, outbox IN ACCESS EXCLUSIVE MODE; DELETE FROM outbox;
-    DELETE FROM tasks; DELETE FROM promises; DELETE FROM schedules; ALTER TABLE outbox ALTER
-    COLUMN id RESTART
+    DELETE FROM tasks; DELETE FROM promises; DELETE FROM schedules; DELETE FROM flow_held;
+    DELETE FROM flow_slots; DELETE FROM flow_limits; ALTER TABLE outbox ALTER COLUMN id
+    RESTART
 
 -- A batch's prefetch: ORDER BY before FOR UPDATE, so rows lock in sorted id order.
 -- name: prelock_promises
@@ -393,3 +394,59 @@ SELECT trace FROM promises WHERE id = %s
 -- name: set_traces
 UPDATE promises SET trace = t.trace FROM unnest(%b::text[], %b::text[]) AS t (id, trace)
     WHERE promises.id = t.id AND promises.trace IS NULL
+
+-- Flow control (troth/flow): read and written only while some group has a limit.  A
+-- job that counts a group's slots or admits its held tasks first locks the group's
+-- limit row (flow_lock): two nodes' admissions to one group take turns, so the count
+-- each reads is exact.
+-- name: flow_limits
+SELECT grp, concurrency FROM flow_limits ORDER BY grp
+
+-- name: flow_lock
+SELECT grp FROM flow_limits WHERE grp = %s FOR UPDATE
+
+-- name: flow_slot
+SELECT grp FROM flow_slots WHERE task_id = %s
+
+-- name: flow_in_use
+SELECT count(*) FROM flow_slots WHERE grp = %s
+
+-- name: flow_slots_of
+SELECT task_id FROM flow_slots WHERE grp = %s ORDER BY task_id
+
+-- name: flow_held
+SELECT task_id, grp, address, priority, created_at FROM flow_held
+WHERE grp = %s ORDER BY priority DESC, created_at, task_id LIMIT %s
+
+-- name: flow_held_count
+SELECT count(*) FROM flow_held WHERE grp = %s
+
+-- name: flow_put_slot
+INSERT INTO flow_slots (task_id, grp) VALUES (%s, %s)
+ON CONFLICT (task_id) DO UPDATE SET grp = excluded.grp
+
+-- name: flow_delete_slot
+DELETE FROM flow_slots WHERE task_id = %s
+
+-- name: flow_put_held
+INSERT INTO flow_held (task_id, grp, address, priority, created_at)
+VALUES (%s, %s, %s, %s, %s)
+ON CONFLICT (task_id) DO UPDATE SET grp = excluded.grp, address = excluded.address,
+    priority = excluded.priority, created_at = excluded.created_at
+
+-- name: flow_delete_held
+DELETE FROM flow_held WHERE task_id = %s
+
+-- name: flow_put_limit
+INSERT INTO flow_limits (grp, concurrency, updated_at) VALUES (%s, %s, %s)
+ON CONFLICT (grp) DO UPDATE SET concurrency = excluded.concurrency,
+    updated_at = excluded.updated_at
+
+-- name: flow_delete_limit
+DELETE FROM flow_limits WHERE grp = %s
+
+-- name: flow_delete_group_slots
+DELETE FROM flow_slots WHERE grp = %s
+
+-- name: flow_withdraw
+DELETE FROM outbox WHERE key = %s AND state = 'pending'

@@ -204,3 +204,6 @@ DELETE FROM flow_limits WHERE grp = ?
 
 -- name: flow_delete_group_slots
 DELETE FROM flow_slots WHERE grp = ?
+
+-- name: flow_slots_of
+SELECT task_id FROM flow_slots WHERE grp = ? ORDER BY task_id

@@ -296,6 +296,10 @@ class SqliteBackend(Backend):
     def flow_in_use(self, group: str) -> int:
         return int(self.conn.execute(_Q["flow_in_use"], (group,)).fetchone()[0])
 
+    def flow_slots_of(self, group: str) -> list[str]:
+        rows = self.conn.execute(_Q["flow_slots_of"], (group,)).fetchall()
+        return [str(r[0]) for r in rows]
+
     def flow_held(self, group: str, limit: int) -> list[Held]:
         rows = self.conn.execute(_Q["flow_held"], (group, limit)).fetchall()
         return [Held(*row) for row in rows]
@@ -373,7 +377,6 @@ class SqliteStore(Store):
     """
 
     name = "sqlite"
-    flow_control = True
 
     def __init__(self, path: str | os.PathLike[str], synchronous: str = "full") -> None:
         super().__init__()
