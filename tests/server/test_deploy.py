@@ -4,7 +4,9 @@ The rules pass ``promtool check rules``; a running server's ``/metrics`` passes
 ``promtool check metrics``; and every metric a panel or a rule names is in that
 exposition, read from a real node on PostgreSQL (so the cluster's metrics are there)
 with retention on, after traffic that pushes to a real HTTP endpoint, bounces a
-task, and sends to an address no transport serves.
+task, and sends to an address no transport serves — and, for flow control's gauges
+(PostgreSQL keeps no limits yet), from a node on SQLite with a limit and held tasks.
+Rules whose timing matters are unit-tested with ``promtool test rules``.
 """
 
 from __future__ import annotations
@@ -165,9 +167,25 @@ def exposition(node: RunningServer) -> str:
     return scrape(node)
 
 
+@pytest.fixture(scope="module")
+def flow_exposition(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """``/metrics`` of a SQLite node whose group ``payments`` has a limit of 2 and
+    five tasks: two hold its slots, three are held."""
+    db = tmp_path_factory.mktemp("flow") / "troth.db"
+    with running_server(Settings(store="sqlite", db=str(db), access_log=False)) as server:
+        r = server.client.post("/ops/limits/set", json={"group": "payments", "concurrency": 2})
+        assert r.status_code == 200, r.text
+        target = {"resonate:target": "poll://any@payments"}
+        for i in range(5):
+            server.ok("promise.create", {"id": f"pay{i}", "timeoutAt": FAR, "tags": target})
+        return scrape(server)
+
+
 @pytest.mark.timeout(60)
-def test_every_metric_the_dashboard_and_the_rules_use_is_exposed(exposition: str) -> None:
-    have = exposed(exposition) | PROMETHEUS_OWN
+def test_every_metric_the_dashboard_and_the_rules_use_is_exposed(
+    exposition: str, flow_exposition: str
+) -> None:
+    have = exposed(exposition) | exposed(flow_exposition) | PROMETHEUS_OWN
     for where, exprs in (("dashboard", dashboard_exprs()), ("alert rules", rule_exprs())):
         for expr in exprs:
             missing = metric_names(expr) - have
@@ -176,15 +194,23 @@ def test_every_metric_the_dashboard_and_the_rules_use_is_exposed(exposition: str
     assert re.search(r'^troth_outbox_rows\{state="completed"\} [1-9]', text, re.M), text
     assert re.search(r"^troth_cluster_nodes_alive 1$", text, re.M), text
     assert re.search(r"^troth_task_backoffs_total [1-9]", text, re.M), text
+    for line in (
+        'troth_limit_concurrency{group="payments"} 2',
+        'troth_limit_in_use{group="payments"} 2',
+        'troth_limit_held{group="payments"} 3',
+    ):
+        assert re.search(f"^{re.escape(line)}$", flow_exposition, re.M), flow_exposition
+    assert "troth_limit_" not in exposition  # no limit: no series, no header
 
 
 @needs_promtool
 @pytest.mark.timeout(60)
-def test_the_exposition_passes_promtool(exposition: str) -> None:
+@pytest.mark.parametrize("which", ["exposition", "flow_exposition"])
+def test_the_exposition_passes_promtool(which: str, request: pytest.FixtureRequest) -> None:
     assert PROMTOOL is not None
     r = subprocess.run(
         [PROMTOOL, "check", "metrics"],
-        input=exposition,
+        input=request.getfixturevalue(which),
         capture_output=True,
         text=True,
         timeout=60,
@@ -221,6 +247,71 @@ tests:
             exp_annotations:
               summary: "troth a: retention is 2h 20m 0s behind and losing ground"
               description: {json.dumps(description)}
+"""
+    )
+    r = subprocess.run(
+        [PROMTOOL, "test", "rules", str(cases)], capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+@needs_promtool
+def test_the_limit_alert_fires_only_for_a_group_held_at_its_full_limit(tmp_path: Path) -> None:
+    """``promtool test rules``: group ``pay``, its 5 slots in use with tasks held from
+    the start, fires after 10 minutes, once for the job though both nodes report it
+    (the counts are the shared store's); ``ship`` is full and holds tasks from minute
+    13, so fires at 23 and not at 21; ``mail`` has tasks held but a slot free,
+    ``batch`` is full with none held: neither fires."""
+    assert PROMTOOL is not None
+    text = ALERTS.read_text()
+    block = text[text.index("alert: TrothLimitHeldTooLong") :]
+    folded = block[block.index("description: >-") + len("description: >-") :]
+    template = " ".join(folded.split("- alert:")[0].split())
+
+    def fired(group: str, held: int) -> str:
+        description = template.replace('{{ $value | printf "%.0f" }}', str(held))
+        description = description.replace("{{ $labels.group }}", group)
+        summary = f"troth t: worker group {group} at its concurrency limit with tasks held"
+        return f"""
+          - exp_labels: {{job: t, group: {group}, severity: warning}}
+            exp_annotations:
+              summary: {json.dumps(summary)}
+              description: {json.dumps(description)}"""
+
+    series = []
+    for instance in ("a", "b"):
+        for group, concurrency, in_use, held in (
+            ("pay", "5x30", "5x30", "37x30"),
+            ("ship", "1x30", "1x30", "0x12 2x17"),
+            ("mail", "4x30", "3x30", "9x30"),
+            ("batch", "2x30", "2x30", "0x30"),
+        ):
+            labels = f'job="t", instance="{instance}", group="{group}"'
+            for name, values in (
+                ("troth_limit_concurrency", concurrency),
+                ("troth_limit_in_use", in_use),
+                ("troth_limit_held", held),
+            ):
+                series.append(f"      - series: '{name}{{{labels}}}'\n        values: '{values}'")
+    input_series = "\n".join(series)
+    cases = tmp_path / "limit_test.yml"
+    cases.write_text(
+        f"""rule_files: [{ALERTS}]
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+{input_series}
+    alert_rule_test:
+      - eval_time: 9m
+        alertname: TrothLimitHeldTooLong
+        exp_alerts: []
+      - eval_time: 21m
+        alertname: TrothLimitHeldTooLong
+        exp_alerts:{fired("pay", 37)}
+      - eval_time: 24m
+        alertname: TrothLimitHeldTooLong
+        exp_alerts:{fired("pay", 37)}{fired("ship", 2)}
 """
     )
     r = subprocess.run(

@@ -483,3 +483,60 @@ def test_narrow_screen_and_keyboard(browser: Any, world: World) -> None:
         p.check()
     finally:
         p.close()
+
+
+def test_workers_page_lists_the_concurrency_limits_and_follows_them(
+    page: Page, world: World
+) -> None:
+    """Group ``ui-limited`` (limit 2) gets five tasks: two hold its slots, three are
+    held (shown as waiting: every slot is in use); ``ui-idle`` has a limit and no
+    work.  A task finished on the wire frees a slot, the next held task takes it, and
+    the open page shows it at its next read; the held task's workflow page says where
+    it stands in the queue."""
+    url = world.server.url
+    for group, concurrency in (("ui-limited", 2), ("ui-idle", 7)):
+        r = httpx.post(
+            f"{url}/ops/limits/set", json={"group": group, "concurrency": concurrency}, timeout=10
+        )
+        assert r.status_code == 200, r.text
+    try:
+        now = int(time.time() * 1000)
+        target = {"resonate:target": "poll://any@ui-limited"}
+        for i in range(5):
+            world.ok("promise.create", {"id": f"lim-{i}", "timeoutAt": now + HOUR, "tags": target})
+        pg = page.open("/workers", "workers")
+
+        def cells(group: str) -> dict[str, str]:
+            row = pg.locator("#limits tbody tr", has_text=group)
+            return {
+                col: row.locator(f"[data-col={col}]").inner_text()
+                for col in ("concurrency", "inUse", "held")
+            }
+
+        assert cells("ui-limited") == {"concurrency": "2", "inUse": "2", "held": "3"}
+        assert cells("ui-idle") == {"concurrency": "7", "inUse": "0", "held": "0"}
+        held = pg.locator("#limits tbody tr", has_text="ui-limited").locator("[data-col=held]")
+        assert held.get_attribute("class") == "error"  # held while every slot is in use
+        page.shot("limits", "#limits")
+
+        task = world.ok("task.get", {"id": "lim-0"})["task"]
+        acquire = {"id": "lim-0", "version": task["version"], "pid": "w", "ttl": 60_000}
+        version = world.ok("task.acquire", acquire)["task"]["version"]
+        settle = act("promise.settle", {"id": "lim-0", "state": "resolved", "value": {}})
+        world.ok("task.fulfill", {"id": "lim-0", "version": version, "action": settle})
+        expect(held).to_have_text("2", timeout=10_000)  # the page reads them every 5 s
+        assert cells("ui-limited")["inUse"] == "2"
+
+        pg = page.open("/workers?group=ui-limited", "workers")
+        text = pg.inner_text("#limits")
+        assert "ui-limited" in text and "ui-idle" not in text
+
+        pg = page.open("/workflow/lim-4", "workflow")
+        pg.wait_for_selector(".blockers li")
+        blockers = pg.inner_text(".blockers")
+        assert "held_by_limit" in blockers
+        assert "concurrency limit of group `ui-limited`: 2 of 2 in use, 1 task ahead" in blockers
+        assert pg.locator("a[href='#/workers?group=ui-limited']").count() >= 1
+    finally:
+        for group in ("ui-limited", "ui-idle"):
+            httpx.post(f"{url}/ops/limits/delete", json={"group": group}, timeout=10)

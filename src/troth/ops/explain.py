@@ -5,8 +5,9 @@ suspended task's awaited promises (the pending promises of its workflow holding 
 callback to it), each explained the same way, until a leaf says what it waits for —
 a worker that is not connected, a lease held by a pid, a durable sleep, a client
 that must settle an external promise, a delivery that failed for good, a task that
-keeps bouncing.  Pure: it reads :class:`~troth.ops.facts.Facts` (one store snapshot),
-a :class:`~troth.server.workers.ClusterView` (who is connected where) and the bounce
+keeps bouncing, a task held by its worker group's concurrency limit.  Pure: it reads
+:class:`~troth.ops.facts.Facts` (one store snapshot), a
+:class:`~troth.server.workers.ClusterView` (who is connected where) and the bounce
 tracker's episodes; the same facts always give the same words.
 """
 
@@ -19,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
-from troth.ops.facts import DELIVERIES_PER_TASK, Facts
+from troth.ops.facts import DELIVERIES_PER_TASK, Facts, HeldFact
 from troth.ops.times import instant, relative, span
 from troth.ops.workers import ClusterView
 from troth.outbox import codes
@@ -307,6 +308,10 @@ class _Walker:
     def pending_task(self, t: Task, f: Finding) -> None:
         executes = self.facts.deliveries.get(t.id, [])
         f.evidence["executes"] = [row_json(r) for r in executes[:10]]
+        held = self.facts.held.get(t.id)
+        if held is not None:
+            self.held_by_limit(held, f)
+            return
         if not executes:
             f.reason = "no_execute"
             f.text = "task pending; no execute was written for it (its promise has no target)"
@@ -387,6 +392,24 @@ class _Walker:
         else:
             f.text += f"; last outcome: {outcome(latest)}"
         f.text += retry
+
+    def held_by_limit(self, held: HeldFact, f: Finding) -> None:
+        """A pending task queued for a slot of its group (troth/flow): no ``execute``
+        goes to it until a slot frees and the tasks before it have theirs."""
+        f.reason = "held_by_limit"
+        f.text = (
+            f"held by the concurrency limit of group `{held.group}`: "
+            f"{held.in_use:,} of {held.concurrency:,} in use, {counted(held.ahead, 'task')} ahead"
+        )
+        if held.priority:
+            f.text += f" (its troth:priority {held.priority})"
+        f.evidence["group"] = held.group
+        f.evidence["limit"] = {
+            "concurrency": held.concurrency,
+            "inUse": held.in_use,
+            "ahead": held.ahead,
+            "priority": held.priority,
+        }
 
     # -- nats:// ---------------------------------------------------------------------
 

@@ -2,9 +2,11 @@
 
 :func:`gather` runs inside ``Store.inspect`` (one read transaction, no locks): the
 promise asked about, its workflow (every promise with the same ``resonate:origin``,
-an index read), the task of every pending promise, and the newest outbox rows of
-each such task.  Reading them together is what lets the explanation relate a task to
-the executes written for it without a write racing in between.
+an index read), the task of every pending promise, the newest outbox rows of each
+such task, and for a pending task held by its group's concurrency limit (troth/flow)
+that limit's use and the tasks queued before it.  Reading them together is what lets
+the explanation relate a task to the executes written for it without a write racing
+in between.
 """
 
 from __future__ import annotations
@@ -13,13 +15,25 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from troth.outbox.rows import OutboxRow
-from troth.protocol.records import TAG_ORIGIN, Promise, Schedule, Task
+from troth.protocol.records import TAG_ORIGIN, Promise, Schedule, Task, TaskState
 from troth.store.inspection import TREE_LIMIT, Inspection
 
 #: Outbox rows read per task (the count says "at least" past it).
 DELIVERIES_PER_TASK: Final = 50
 #: Pending promises whose task and deliveries are read (a bigger workflow is cut).
 MAX_PENDING: Final = 500
+
+
+@dataclass(frozen=True)
+class HeldFact:
+    """A pending task queued for a slot of its group (troth/flow): the limit, the
+    slots in use, and the tasks queued before it (its place in the queue)."""
+
+    group: str
+    concurrency: int
+    in_use: int
+    ahead: int
+    priority: int
 
 
 @dataclass
@@ -29,6 +43,8 @@ class Facts:
     tasks: dict[str, Task] = field(default_factory=dict)
     deliveries: dict[str, list[OutboxRow]] = field(default_factory=dict)
     schedule: Schedule | None = None
+    #: Pending tasks held by their group's concurrency limit, by id.
+    held: dict[str, HeldFact] = field(default_factory=dict)
     #: The workflow was larger than what was read.
     cut: bool = False
 
@@ -67,4 +83,20 @@ def gather(ins: Inspection, id: str) -> Facts:
         if task is not None:
             facts.tasks[id] = task
             facts.deliveries[id] = ins.deliveries(id, DELIVERIES_PER_TASK)
+    _held(ins, facts)
     return facts
+
+
+def _held(ins: Inspection, facts: Facts) -> None:
+    """The pending tasks queued for a slot (one read; none where no limit holds any),
+    each with its limit's use and its place in the queue."""
+    waiting = [t.id for t in facts.tasks.values() if t.state == TaskState.PENDING]
+    queued = ins.held(waiting) if waiting else {}
+    if not queued:
+        return
+    limits = {u.group: u for u in ins.limits()}
+    for id, h in queued.items():
+        use = limits.get(h.group)
+        if use is not None:
+            ahead = ins.held_ahead(h)
+            facts.held[id] = HeldFact(h.group, use.concurrency, use.in_use, ahead, h.priority)

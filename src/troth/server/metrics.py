@@ -107,6 +107,20 @@ HELP = {
         "gauge",
         "Nodes of the cluster whose heartbeat is fresh, this one included (PostgreSQL).",
     ),
+    "troth_limit_concurrency": (
+        "gauge",
+        "The concurrency limit of a worker group: at most this many of its tasks hold a "
+        "slot at once (read from the store when scraped, while some group has a limit).",
+    ),
+    "troth_limit_in_use": (
+        "gauge",
+        "Tasks of a limited worker group holding a slot: acquired, or their execute sent "
+        "and not yet acquired.",
+    ),
+    "troth_limit_held": (
+        "gauge",
+        "Tasks of a limited worker group held for a slot: pending, no execute sent.",
+    ),
     "troth_cluster_claims_reaped": (
         "gauge",
         "Outbox claims of dead nodes this node moved to outcome_unknown, since start.",
@@ -248,8 +262,11 @@ class Metrics:
             lines.append(f"{name} {number(self.gauges[name]())}")
         for name in sorted(self.families):
             label, read = self.families[name]
+            values = read()
+            if not values:
+                continue  # no series now (no limit set): no header for none
             header(name, "gauge")
-            for value, v in sorted(read().items()):
+            for value, v in sorted(values.items()):
                 lines.append(f"{name}{fmt(((label, value),))} {number(v)}")
         return "\n".join(lines) + "\n"
 

@@ -173,7 +173,7 @@ def build_app(settings: Settings, store: Store | None = None) -> App:
         nats=nats,
         **extra,
     )
-    app.scrape = StoreGauges(store, metrics, cluster).refresh
+    app.scrape = StoreGauges(store, metrics, cluster, engine.flow).refresh
     return app
 
 

@@ -1,12 +1,16 @@
 """What ``GET /metrics`` reads from the store and the cluster when it is scraped.
 
 Most metrics are counted as things happen; a few are facts of the shared store that
-no single node sees happen: outbox rows by state (``troth_outbox_rows``) and the
-nodes whose heartbeat is fresh (``troth_cluster_nodes_alive``).  They are read once
-per scrape, off the event loop, before the exposition is rendered.  Counting the
-outbox scans it (it holds delivered rows for ``outbox_retention``): a count that took
-long is reused for twenty times as long, as ``/ops/counts`` does, so that a
-Prometheus scraping every few seconds costs the store at most about 5 % of a core.
+no single node sees happen: outbox rows by state (``troth_outbox_rows``), the nodes
+whose heartbeat is fresh (``troth_cluster_nodes_alive``) and, while some worker group
+has a limit, each limit with its use (``troth_limit_concurrency``, ``_in_use``,
+``_held``, by group: troth/flow).  They are read once per scrape, off the event loop
+and off the writer (one read-only snapshot, ``Store.inspect``), before the exposition
+is rendered; the request path pays nothing for them.  Counting the outbox scans it
+(it holds delivered rows for ``outbox_retention``): a count that took long is reused
+for twenty times as long, as ``/ops/counts`` does, so that a Prometheus scraping
+every few seconds costs the store at most about 5 % of a core.  The limits are read
+fresh each time: a count of each group's slots and queue, two index ranges.
 """
 
 from __future__ import annotations
@@ -17,11 +21,12 @@ import time
 from collections.abc import Mapping
 from typing import Final
 
+from troth.flow.gate import Flow
 from troth.outbox.rows import RowState
 from troth.server.cluster import Cluster
 from troth.server.metrics import Metrics
 from troth.store.base import Store
-from troth.store.inspection import Inspection
+from troth.store.inspection import Inspection, LimitUse
 
 log = logging.getLogger("troth.server")
 
@@ -29,36 +34,65 @@ log = logging.getLogger("troth.server")
 SLOW: Final = 0.05
 #: Every state is shown, a zero included, so that a panel's series do not come and go.
 STATES: Final = tuple(s.value for s in RowState)
+#: The gauges of each limit, by group (troth/flow).
+LIMIT_CONCURRENCY: Final = "troth_limit_concurrency"
+LIMIT_IN_USE: Final = "troth_limit_in_use"
+LIMIT_HELD: Final = "troth_limit_held"
 
 
 class StoreGauges:
     """The scrape-time gauges of one node; :meth:`refresh` before each render."""
 
-    def __init__(self, store: Store, metrics: Metrics, cluster: Cluster | None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        metrics: Metrics,
+        cluster: Cluster | None,
+        flow: Flow | None = None,
+    ) -> None:
         self.store = store
         self.cluster = cluster
+        #: The engine's limits: the store is read for them only while there are some.
+        self.flow = flow
         self.outbox: dict[str, float] = dict.fromkeys(STATES, 0.0)
+        self.limits: list[LimitUse] = []
         self.nodes_alive = 0.0
         self.reuse_until = 0.0
         metrics.family("troth_outbox_rows", "state", self.outbox_rows)
         if cluster is not None:
             metrics.gauge("troth_cluster_nodes_alive", lambda: self.nodes_alive)
+        if flow is not None:
+            metrics.family(
+                LIMIT_CONCURRENCY, "group", lambda: {u.group: u.concurrency for u in self.limits}
+            )
+            metrics.family(LIMIT_IN_USE, "group", lambda: {u.group: u.in_use for u in self.limits})
+            metrics.family(LIMIT_HELD, "group", lambda: {u.group: u.held for u in self.limits})
 
     def outbox_rows(self) -> Mapping[str, float]:
         return self.outbox
 
     async def refresh(self) -> None:
-        """Read the counts (at most once per scrape; a slow count is reused)."""
+        """Read the counts (at most once per scrape; a slow outbox count is reused),
+        in one snapshot of the store."""
         at = time.monotonic()
-        if at >= self.reuse_until:
+        outbox = at >= self.reuse_until
+        limited = self.flow is not None and bool(self.flow.limits)
+        if not limited:
+            self.limits = []  # no limit now: no series (a deleted one's go too)
+        if outbox or limited:
             try:
-                counts = await asyncio.to_thread(self.store.inspect, _outbox_counts)
+                counts, limits = await asyncio.to_thread(
+                    self.store.inspect, lambda ins: _read(ins, outbox, limited)
+                )
             except Exception as exc:  # a scrape never fails for it: the last counts stay
-                log.warning("metrics: cannot count outbox rows: %s", exc)
+                log.warning("metrics: cannot read the store's counts: %s", exc)
             else:
-                self.outbox = {**dict.fromkeys(STATES, 0.0), **counts}
-                took = time.monotonic() - at
-                self.reuse_until = at + 20 * took if took > SLOW else 0.0
+                if counts is not None:
+                    self.outbox = {**dict.fromkeys(STATES, 0.0), **counts}
+                    took = time.monotonic() - at
+                    self.reuse_until = at + 20 * took if took > SLOW else 0.0
+                if limits is not None:
+                    self.limits = limits
         if self.cluster is not None:
             try:
                 view = await self.cluster.view()
@@ -68,5 +102,9 @@ class StoreGauges:
                 self.nodes_alive = float(sum(1 for n in view.nodes if n.alive))
 
 
-def _outbox_counts(ins: Inspection) -> dict[str, float]:
-    return {state: float(n) for state, n in ins.outbox_counts().items()}
+def _read(
+    ins: Inspection, outbox: bool, limits: bool
+) -> tuple[dict[str, float] | None, list[LimitUse] | None]:
+    """The outbox's rows by state and the limits with their use, those asked for."""
+    counts = {s: float(n) for s, n in ins.outbox_counts().items()} if outbox else None
+    return counts, ins.limits() if limits else None

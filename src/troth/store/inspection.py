@@ -17,6 +17,7 @@ from typing import Any, Final, cast
 
 import msgspec
 
+from troth.flow.limits import Held
 from troth.outbox.rows import OutboxRow
 from troth.protocol.records import PENDING, TAG_ORIGIN, Promise, Schedule, Tags, Task
 from troth.store.codec import OUTBOX_COLS, PROMISE_COLS, SCHEDULE_COLS, TASK_COLS, RowCodec
@@ -33,6 +34,8 @@ _TAGS: Final = msgspec.json.Decoder(dict[str, str])
 TREE_LIMIT: Final = 5000
 
 Counts = dict[str, dict[str, int]]
+#: A queued task's columns (``flow.limits.Held``'s fields, in order).
+HELD_COLS: Final = "task_id, grp, address, priority, created_at"
 #: Promises one tag search looks at per call (``Inspection.search``).
 SEARCH_WINDOW: Final = 10_000
 #: Promises one read of a search's window brings (it stops early on a full page).
@@ -47,6 +50,17 @@ class Search:
     promises: list[Promise]
     next: str | None
     looked: int
+
+
+@dataclass(frozen=True)
+class LimitUse:
+    """A worker group's limit with its use, as one snapshot reads it (``/metrics``,
+    ``explain``): tasks holding a slot, tasks queued for one."""
+
+    group: str
+    concurrency: int
+    in_use: int
+    held: int
 
 
 class Inspection(ABC):
@@ -158,6 +172,22 @@ class Inspection(ABC):
         """Outbox rows by state (``/metrics``): :meth:`counts` of that table alone."""
         return self.counts()["outbox"]
 
+    # -- flow control (troth/flow); a store that keeps no limits has none -------------
+
+    def limits(self) -> list[LimitUse]:
+        """Every limit with its use, by group: a count of each group's slots and
+        queue (an index range each)."""
+        return []
+
+    def held(self, ids: Sequence[str]) -> dict[str, Held]:
+        """The tasks of ``ids`` queued for a slot of their group, by id."""
+        return {}
+
+    def held_ahead(self, held: Held) -> int:
+        """How many tasks of its group are queued before ``held``: higher priority,
+        then created earlier, then a smaller id (``flow.limits.held_order``)."""
+        return 0
+
 
 class SqlInspection(Inspection):
     """:class:`Inspection` in SQL both dialects share; ``mark`` is the placeholder."""
@@ -258,6 +288,26 @@ class SqlInspection(Inspection):
     def outbox_counts(self) -> dict[str, int]:
         return {str(s): int(n) for s, n in self._all("count_outbox")}
 
+    def limits(self) -> list[LimitUse]:
+        return [LimitUse(str(g), int(c), int(u), int(h)) for g, c, u, h in self._all("limits")]
+
+    def held(self, ids: Sequence[str]) -> dict[str, Held]:
+        found: dict[str, Held] = {}
+        unique = list(dict.fromkeys(ids))
+        for at in range(0, len(unique), IDS_PER_READ):
+            chunk = unique[at : at + IDS_PER_READ]
+            marks = ", ".join([self.mark] * len(chunk))
+            sql = f"SELECT {HELD_COLS} FROM flow_held WHERE task_id IN ({marks})"
+            for r in self.cur.execute(sql, chunk).fetchall():
+                h = Held(str(r[0]), str(r[1]), str(r[2]), int(r[3]), int(r[4]))
+                found[h.task_id] = h
+        return found
+
+    def held_ahead(self, held: Held) -> int:
+        g, pr, at, id = held.group, held.priority, held.created_at, held.task_id
+        r = self._one("held_ahead", g, pr, pr, at, at, id)
+        return int(r[0]) if r is not None else 0
+
     def counts(self) -> Counts:
         out: Counts = {}
         for table in ("promises", "tasks", "outbox"):
@@ -313,4 +363,17 @@ def _queries(p: str) -> dict[str, str]:
         "count_tasks": "SELECT state, count(*) FROM tasks GROUP BY state",
         "count_outbox": "SELECT state, count(*) FROM outbox GROUP BY state",
         "count_schedules": "SELECT count(*) FROM schedules",
+        # Flow control: each limit with a count of its slots and of its queue (both
+        # index ranges: flow_slots_grp, flow_held_order).
+        "limits": (
+            "SELECT l.grp, l.concurrency,"
+            " (SELECT count(*) FROM flow_slots s WHERE s.grp = l.grp),"
+            " (SELECT count(*) FROM flow_held h WHERE h.grp = l.grp)"
+            " FROM flow_limits l ORDER BY l.grp"
+        ),
+        # The queue before a held task, in flow_held_order's order.
+        "held_ahead": (
+            f"SELECT count(*) FROM flow_held WHERE grp = {p} AND (priority > {p}"
+            f" OR (priority = {p} AND (created_at < {p} OR (created_at = {p} AND task_id < {p}))))"
+        ),
     }

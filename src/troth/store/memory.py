@@ -11,7 +11,7 @@ import collections
 import dataclasses
 import heapq
 import itertools
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any, TypeVar
 
 from troth.flow.limits import Held, Limit, held_order
@@ -29,7 +29,7 @@ from troth.protocol.records import (
 )
 from troth.store.base import Backend, Store
 from troth.store.deadlines import promise_deadline, task_deadline
-from troth.store.inspection import TREE_LIMIT, Counts, Inspection
+from troth.store.inspection import TREE_LIMIT, Counts, Inspection, LimitUse
 from troth.store.outbox import OutboxStore, OutboxTable
 from troth.store.retention import Retention, Tree, settled_at
 from troth.store.snapshot import snapshot
@@ -499,6 +499,23 @@ class MemoryInspection(Inspection):
             return (state is None or r.state == state) and (before is None or r.id < before)
 
         return self._newest(keep, limit)
+
+    def limits(self) -> list[LimitUse]:
+        b = self.b
+        return [
+            LimitUse(g, b.limits[g].concurrency, b.in_use[g], b.flow_held_count(g))
+            for g in sorted(b.limits)
+        ]
+
+    def held(self, ids: Sequence[str]) -> dict[str, Held]:
+        queued = self.b.queued
+        return {id: queued[id] for id in ids if id in queued}
+
+    def held_ahead(self, held: Held) -> int:
+        place = held_order(held)
+        return sum(
+            1 for h in self.b.queued.values() if h.group == held.group and held_order(h) < place
+        )
 
     def counts(self) -> Counts:
         def by_state(states: Iterable[str]) -> dict[str, int]:

@@ -851,25 +851,70 @@ views.delivery = async (main, _arg, q) => {
 };
 
 function workersBody(w, only) {
+  return [groupsTable(w, only), ...nodesBody(w)];
+}
+
+function groupsTable(w, only) {
   const groups = only ? w.groups.filter((g) => g.group === only) : w.groups;
+  return table(
+    ["group", "connected workers (pid · node · since)", "last seen"],
+    groups.map((g) => [
+      g.group,
+      g.connections.length ? h("ul", {}, g.connections.map((c) => h("li", {}, `${c.pid} · ${c.node} · `, when(c.since)))) : h("span", { class: "error" }, "none connected"),
+      g.connections.length ? "now" : when(g.lastSeen),
+    ]),
+    only ? `No worker of group ${only} has been seen (since this node started, on SQLite).` : "No worker group seen yet.",
+  );
+}
+
+function nodesBody(w) {
   return [
-    table(
-      ["group", "connected workers (pid · node · since)", "last seen"],
-      groups.map((g) => [
-        g.group,
-        g.connections.length ? h("ul", {}, g.connections.map((c) => h("li", {}, `${c.pid} · ${c.node} · `, when(c.since)))) : h("span", { class: "error" }, "none connected"),
-        g.connections.length ? "now" : when(g.lastSeen),
-      ]),
-      only ? `No worker of group ${only} has been seen (since this node started, on SQLite).` : "No worker group seen yet.",
-    ),
     h("h3", {}, "Nodes"),
     table(["node", "url", "release", "schema", "started", "heartbeat", "alive"], w.nodes.map((n) => [n.node, n.url, n.release || "older", String(n.schema ?? "—"), when(n.startedAt), when(n.seenAt), n.alive ? "yes" : h("span", { class: "error" }, "no")]), "—"),
   ];
 }
 
+/** Concurrency limits (GET /ops/limits): each group's slots in use of its limit and
+ * the tasks held for a slot. Held while every slot is in use is shown as an error. */
+function limitsBody(limits, only) {
+  const shown = only ? limits.filter((l) => l.group === only) : limits;
+  return table(
+    ["group", "concurrency", "in use", "held"],
+    shown.map((l) => {
+      const full = l.inUse >= l.concurrency;
+      return [
+        link(`#/workers?group=${encodeURIComponent(l.group)}`, l.group),
+        h("span", { "data-col": "concurrency" }, l.concurrency.toLocaleString("en")),
+        h("span", { class: "use" },
+          h("span", { "data-col": "inUse" }, l.inUse.toLocaleString("en")),
+          h("meter", { min: 0, max: l.concurrency, value: Math.min(l.inUse, l.concurrency), "aria-label": `${l.inUse} of ${l.concurrency} slots in use` })),
+        h("span", { "data-col": "held", class: l.held > 0 && full ? "error" : null, title: l.held > 0 && full ? "every slot is in use: these tasks wait" : null }, l.held.toLocaleString("en")),
+      ];
+    }),
+    only ? `Group ${only} has no concurrency limit.` : "No concurrency limits: every group runs as many tasks as its workers take (troth limits set GROUP --concurrency N).",
+  );
+}
+
+const LIMITS_EVERY = 5000;
+
 views.workers = async (main, _arg, q) => {
   const group = q.get("group");
-  put(main, h("h1", {}, group ? `Workers of group ${group}` : "Workers"), group ? h("p", {}, link("#/workers", "All groups")) : null, ...workersBody(await ops("workers"), group));
+  const [w, l] = await Promise.all([ops("workers"), ops("limits")]);
+  const limitsBox = h("div", { id: "limits", class: "limits" }, limitsBody(l.limits, group));
+  put(main,
+    h("h1", {}, group ? `Workers of group ${group}` : "Workers"),
+    group ? h("p", {}, link("#/workers", "All groups")) : null,
+    groupsTable(w, group),
+    h("h3", {}, "Concurrency limits"),
+    limitsBox,
+    ...nodesBody(w),
+  );
+  // The limits move as tasks start and end: read again while the page is open.
+  timers.push(setInterval(() => {
+    ops("limits")
+      .then((r) => limitsBox.replaceChildren(limitsBody(r.limits, group)))
+      .catch((e) => (e instanceof AuthNeeded ? login() : null));
+  }, LIMITS_EVERY));
 };
 
 views.schedules = async (main, _arg, q) => {
