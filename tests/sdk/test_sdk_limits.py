@@ -338,7 +338,7 @@ def test_a_killed_workers_slots_go_when_its_leases_expire(
     first = min(s.start for s in run)
     expiry_floor = min(s.start for s in held) + TTL_S - 0.25
     assert first >= expiry_floor, (first - killed, held)
-    assert first <= killed + TTL_S + 3.0, first - killed
+    assert first <= killed + TTL_S + 6.0, first - killed  # a loaded machine is slow
     assert peak(run) == 3, f"most steps at once: {peak(run)}\n{run}"
     print(
         f"{sdk.kind}: killed {killed - min(s.start for s in held):.2f} s after its first "
