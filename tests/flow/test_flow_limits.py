@@ -226,7 +226,16 @@ def test_a_settled_held_task_leaves_the_queue(flow_server: RunningServer) -> Non
 @pytest.mark.parametrize(
     ("path", "body", "status", "says"),
     [
-        ("/ops/limits/set", {"group": GROUP}, 400, "needs concurrency"),
+        ("/ops/limits/set", {"group": GROUP}, 400, "needs a concurrency, a rate"),
+        ("/ops/limits/set", {"group": GROUP, "rate": "fast"}, 400, "R/s, R/m or R/h"),
+        ("/ops/limits/set", {"group": GROUP, "rate": 0}, 400, "above 0"),
+        (
+            "/ops/limits/set",
+            {"group": GROUP, "concurrency": 2, "burst": 3},
+            400,
+            "goes with a rate",
+        ),
+        ("/ops/limits/set", {"group": GROUP, "rate": 5, "burst": 0}, 400, "burst must be"),
         ("/ops/limits/set", {"group": GROUP, "concurrency": 0}, 400, "between 1"),
         ("/ops/limits/set", {"group": GROUP, "concurrency": "3"}, 400, "bad body"),
         ("/ops/limits/set", {"group": "FC", "concurrency": 3}, 400, "lower case"),

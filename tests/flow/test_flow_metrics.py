@@ -121,3 +121,16 @@ def test_a_scrape_reads_no_limit_while_there_is_none(
     limit(node, "g", 1)
     assert node.client.get("/metrics").status_code == 200
     assert asked == ["limits"]
+
+
+def test_a_rate_limit_has_its_gauge_and_no_concurrency(node: RunningServer) -> None:
+    s = node
+    r = s.client.post("/ops/limits/set", json={"group": "llm", "rate": "120/m"})
+    assert r.status_code == 200, r.text
+    for i in range(3):
+        create(s, f"l{i}", "llm")
+    assert gauges(s) == {
+        "troth_limit_rate": {"llm": 2.0},
+        "troth_limit_in_use": {"llm": 1},
+        "troth_limit_held": {"llm": 2},
+    }

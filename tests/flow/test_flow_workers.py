@@ -2,7 +2,9 @@
 as an SDK holds them) run thirty tasks of 0.3 s under ``concurrency 3``.  Never more
 than three run at once, three do run at once (a freed slot's next ``execute`` goes
 at once, not at the retry timer), and the whole takes little more than the ideal
-ten rounds; the same across two nodes on one PostgreSQL database."""
+ten rounds; the same across two nodes on one PostgreSQL database.  Under ``rate
+10/s`` the same workers start at most ten tasks a second; under ``concurrency 1``
+every task of ``troth:priority`` 9 starts before any of priority 0 held with it."""
 
 from __future__ import annotations
 
@@ -37,9 +39,12 @@ class Running:
         self.now = 0
         self.most = 0
         self.done: list[str] = []
+        #: When each task started (monotonic), in the order they started.
+        self.started: list[tuple[float, str]] = []
 
-    def start(self) -> None:
+    def start(self, id: str = "") -> None:
         with self.lock:
+            self.started.append((time.monotonic(), id))
             self.now += 1
             self.most = max(self.most, self.now)
 
@@ -49,7 +54,13 @@ class Running:
             self.done.append(id)
 
 
-def work(server: RunningServer, name: str, running: Running, stop: threading.Event) -> None:
+def work(
+    server: RunningServer,
+    name: str,
+    running: Running,
+    stop: threading.Event,
+    seconds: float = WORK_S,
+) -> None:
     """One worker: acquire what it is sent, work 0.3 s, fulfil.  A refused acquire
     (another worker has it, or the limit holds it) is dropped, as the SDKs drop it."""
     with stream(server, "fc", name) as s:
@@ -63,8 +74,8 @@ def work(server: RunningServer, name: str, running: Running, stop: threading.Eve
             status, _ = server.call("task.acquire", body)
             if status != 200:
                 continue
-            running.start()
-            time.sleep(WORK_S)
+            running.start(task["id"])
+            time.sleep(seconds)
             running.end(task["id"])
             settle = action("promise.settle", {"id": task["id"], "state": "resolved"})
             body = {"id": task["id"], "version": task["version"] + 1, "action": settle}
@@ -107,6 +118,75 @@ def test_ten_workers_run_at_most_three_tasks_at_once(store: str, tmp_path: Path)
     ideal = TASKS / LIMIT * WORK_S
     print(f"{TASKS} tasks of {WORK_S} s, limit {LIMIT}: {took:.2f} s (ideal {ideal:.1f} s)")
     assert took <= 1.5 * ideal + 2, took
+
+
+def start_workers(server: RunningServer, running: Running, seconds: float) -> threading.Event:
+    stop = threading.Event()
+    for i in range(WORKERS):
+        threading.Thread(
+            target=work, args=(server, f"w{i}", running, stop, seconds), daemon=True
+        ).start()
+    time.sleep(0.5)  # every stream open
+    return stop
+
+
+def wait_done(running: Running, n: int, within: float = 60) -> None:
+    deadline = time.monotonic() + within
+    while len(running.done) < n and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("store", ["sqlite", "postgres"])
+def test_ten_workers_start_at_most_ten_tasks_a_second(store: str, tmp_path: Path) -> None:
+    with ExitStack() as stack:
+        if store == "postgres":
+            url = stack.enter_context(throwaway_database("troth_flow3"))
+            settings = Settings(store="postgres", postgres_url=url)
+        else:
+            settings = Settings(store=store, db=str(tmp_path / "r.db"))
+        server = stack.enter_context(running_server(settings))
+        r = server.client.post("/ops/limits/set", json={"group": "fc", "rate": "10/s"})
+        assert r.status_code == 200, r.text
+        running = Running()
+        stop = start_workers(server, running, 0.05)
+        for i in range(TASKS):
+            tags = {"resonate:target": "poll://any@fc"}
+            server.ok("promise.create", {"id": f"job{i}", "timeoutAt": FAR, "tags": tags})
+        wait_done(running, TASKS)
+        stop.set()
+    assert sorted(running.done) == sorted(f"job{i}" for i in range(TASKS))
+    times = [t for t, _ in running.started]
+    rate = (len(times) - 1) / (times[-1] - times[0])
+    # In any one second: at most the bucket's one plus ten (the timer may be late,
+    # never early).
+    most_in_a_second = max(sum(1 for u in times if t <= u < t + 1.0) for t in times)
+    print(f"{TASKS} tasks under rate 10/s: {rate:.2f} starts/s, at most {most_in_a_second} in 1 s")
+    assert rate <= 11.5, rate
+    assert most_in_a_second <= 11, most_in_a_second
+    assert rate >= 7, rate  # the timer brings each token's task: no retry-timer waits
+
+
+def test_high_priority_tasks_start_before_low_ones_held_with_them(tmp_path: Path) -> None:
+    with running_server(Settings(store="sqlite", db=str(tmp_path / "p.db"))) as server:
+        r = server.client.post("/ops/limits/set", json={"group": "fc", "concurrency": 1})
+        assert r.status_code == 200, r.text
+        running = Running()
+        # 0.25 s a task: the twenty are all created and held before the first ends.
+        stop = start_workers(server, running, 0.25)
+        # The first takes the slot; the rest are held, low and high interleaved.
+        for i in range(21):
+            tags = {"resonate:target": "poll://any@fc"}
+            if i:
+                tags["troth:priority"] = "9" if i % 2 else "0"
+            server.ok("promise.create", {"id": f"job{i}", "timeoutAt": FAR, "tags": tags})
+        wait_done(running, 21)
+        stop.set()
+    order = [id for _, id in running.started]
+    assert order[0] == "job0" and len(order) == 21, order
+    high = [i for i, id in enumerate(order) if int(id[3:]) % 2]
+    low = [i for i, id in enumerate(order) if id != "job0" and int(id[3:]) % 2 == 0]
+    assert max(high) < min(low), order
+    assert running.most == 1
 
 
 def test_two_postgres_nodes_keep_one_limit_exactly() -> None:

@@ -499,6 +499,8 @@ def test_workers_page_lists_the_concurrency_limits_and_follows_them(
             f"{url}/ops/limits/set", json={"group": group, "concurrency": concurrency}, timeout=10
         )
         assert r.status_code == 200, r.text
+    r = httpx.post(f"{url}/ops/limits/set", json={"group": "ui-rated", "rate": "2/s"}, timeout=10)
+    assert r.status_code == 200, r.text
     try:
         now = int(time.time() * 1000)
         target = {"resonate:target": "poll://any@ui-limited"}
@@ -510,11 +512,12 @@ def test_workers_page_lists_the_concurrency_limits_and_follows_them(
             row = pg.locator("#limits tbody tr", has_text=group)
             return {
                 col: row.locator(f"[data-col={col}]").inner_text()
-                for col in ("concurrency", "inUse", "held")
+                for col in ("concurrency", "rate", "inUse", "held")
             }
 
-        assert cells("ui-limited") == {"concurrency": "2", "inUse": "2", "held": "3"}
-        assert cells("ui-idle") == {"concurrency": "7", "inUse": "0", "held": "0"}
+        assert cells("ui-limited") == {"concurrency": "2", "rate": "—", "inUse": "2", "held": "3"}
+        assert cells("ui-idle") == {"concurrency": "7", "rate": "—", "inUse": "0", "held": "0"}
+        assert cells("ui-rated") == {"concurrency": "—", "rate": "2/s", "inUse": "0", "held": "0"}
         held = pg.locator("#limits tbody tr", has_text="ui-limited").locator("[data-col=held]")
         assert held.get_attribute("class") == "error"  # held while every slot is in use
         page.shot("limits", "#limits")
@@ -538,5 +541,5 @@ def test_workers_page_lists_the_concurrency_limits_and_follows_them(
         assert "concurrency limit of group `ui-limited`: 2 of 2 in use, 1 task ahead" in blockers
         assert pg.locator("a[href='#/workers?group=ui-limited']").count() >= 1
     finally:
-        for group in ("ui-limited", "ui-idle"):
+        for group in ("ui-limited", "ui-idle", "ui-rated"):
             httpx.post(f"{url}/ops/limits/delete", json={"group": group}, timeout=10)

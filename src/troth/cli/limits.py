@@ -1,4 +1,4 @@
-"""``troth limits``: the concurrency limits of worker groups (flow control,
+"""``troth limits``: the concurrency and rate limits of worker groups (flow control,
 ``POST /ops/limits/…`` and ``GET /ops/limits``, server/actions.py), for people or
 as JSON with ``--json``."""
 
@@ -9,6 +9,7 @@ from typing import Any, Final
 
 from troth.cli.remote import Remote, RemoteError
 from troth.cli.render import Renderer
+from troth.flow.limits import parse_rate
 
 KIND: Final = "limits"
 ACTIONS: Final = ("set", "get", "list", "delete")
@@ -16,13 +17,15 @@ ACTIONS: Final = ("set", "get", "list", "delete")
 EPILOG: Final = """\
 examples:
   troth limits set payments --concurrency 5  # 5 of group payments at once
+  troth limits set llm --rate 10/s           # 10 starts a second, one at a time
+  troth limits set llm --rate 600/m --burst 20 --concurrency 8
   troth limits list                          # slots in use, tasks held
   troth limits get payments --json
   troth limits delete payments               # held tasks go at once
 
 A group is the one of poll://any@GROUP and poll://uni@GROUP/...  A task
-beyond the limit stays pending and gets its execute when a slot frees
-(docs/operations.md, "Flow control")."""
+beyond the limit stays pending and gets its execute when a slot frees and
+the rate allows (docs/operations.md, "Flow control")."""
 
 
 class Usage(Exception):
@@ -31,25 +34,37 @@ class Usage(Exception):
 
 def build(a: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     """The request ``troth limits ...`` makes: its action and body."""
+    given = {
+        k: v
+        for k, v in (("concurrency", a.concurrency), ("rate", a.rate), ("burst", a.burst))
+        if v is not None
+    }
     if a.action == "list":
-        if a.group or a.concurrency is not None:
-            raise Usage("limits list takes no group and no --concurrency")
+        if a.group or given:
+            raise Usage("limits list takes no group and no --concurrency, --rate or --burst")
         return KIND, {"action": "list"}
     if not a.group:
         raise Usage(f"limits {a.action} needs a GROUP")
     if a.action == "set":
-        if a.concurrency is None:
-            raise Usage("limits set needs --concurrency N")
-        return KIND, {"action": "set", "group": a.group, "concurrency": a.concurrency}
-    if a.concurrency is not None:
-        raise Usage(f"limits {a.action} takes no --concurrency")
+        if "concurrency" not in given and "rate" not in given:
+            raise Usage("limits set needs --concurrency N, --rate R/s, or both")
+        if "burst" in given and "rate" not in given:
+            raise Usage("--burst goes with --rate")
+        if "rate" in given:
+            try:
+                parse_rate(given["rate"])
+            except ValueError as exc:
+                raise Usage(str(exc)) from None
+        return KIND, {"action": "set", "group": a.group, **given}
+    if given:
+        raise Usage(f"limits {a.action} takes no --concurrency, --rate or --burst")
     return KIND, {"action": a.action, "group": a.group}
 
 
 def show(remote: Remote, r: Renderer, data: dict[str, Any]) -> None:
     action = data["action"]
     if action == "set":
-        body = {"group": data["group"], "concurrency": data["concurrency"]}
+        body = {k: v for k, v in data.items() if k != "action"}
         answer = remote.action("limits/set", body)
         if r.as_json:
             r.json(answer)
@@ -85,7 +100,9 @@ def show(remote: Remote, r: Renderer, data: dict[str, Any]) -> None:
 
 
 def _line(limit: dict[str, Any]) -> str:
-    return (
-        f"{limit['group']}: concurrency {limit['concurrency']} "
-        f"({limit['inUse']} in use, {limit['held']} held)"
-    )
+    caps = []
+    if limit.get("concurrency") is not None:
+        caps.append(f"concurrency {limit['concurrency']}")
+    if limit.get("rate") is not None:
+        caps.append(f"rate {limit['rate']:g}/s burst {limit.get('burst', 1)}")
+    return f"{limit['group']}: {', '.join(caps)} ({limit['inUse']} in use, {limit['held']} held)"

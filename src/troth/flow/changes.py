@@ -30,8 +30,11 @@ def set_limit(limit: Limit, now: int) -> Callable[[Overlay], dict[str, Any]]:
     def job(tx: Overlay) -> dict[str, Any]:
         known = {old.group: old for old in tx.backend.flow_limits()}
         tx.writes.limits = {limit.group: limit}
-        if limit.group not in known:
+        old = known.get(limit.group)
+        if old is None:
             _put_right(tx, limit.group)
+        elif (old.rate, old.burst) != (limit.rate, limit.burst):
+            tx.set_tat(limit.group, 0.0)  # a new bucket starts full
         admitted = admit(tx, now, limit)
         return {**usage(tx, limit), "admitted": admitted}
 
@@ -64,7 +67,7 @@ def delete_limit(group: str, now: int) -> Callable[[Overlay], dict[str, Any] | N
         if group not in known:
             return None
         tx.writes.limits = {group: None}
-        unlimited = Limit(group, 2**62)
+        unlimited = Limit(group)
         admitted = admit(tx, now, unlimited)
         return {"group": group, "admitted": admitted}
 
@@ -80,9 +83,12 @@ def usage(tx: Overlay, limit: Limit) -> dict[str, Any]:
     """A limit with its use: slots held, tasks queued (a set or delete job's own
     changes to the queue are only removals)."""
     removed = sum(1 for h in (tx.writes.held or {}).values() if h is None)
+    shown: dict[str, Any] = {"group": limit.group, "concurrency": limit.concurrency}
+    if limit.rate is not None:
+        shown["rate"] = limit.rate
+        shown["burst"] = limit.bucket
     return {
-        "group": limit.group,
-        "concurrency": limit.concurrency,
+        **shown,
         "inUse": tx.flow_in_use(limit.group),
         "held": tx.backend.flow_held_count(limit.group) - removed,
     }

@@ -16,6 +16,14 @@ step then looks at what the job wrote, while some group has a limit:
   slots free: their ``execute`` is written now, in this commit — the next worker
   gets its task at once, not at the next retry timer.
 
+A rate limit counts *starts*: a task let through, or acquired without having been
+let through.  Its token bucket is one number per group (``flow.limits.next_start``),
+read and written under the same lock as the slots.  When the bucket is empty and
+tasks are queued, admission stops and moves the first queued task's ``retryAt`` to
+the moment the next token comes: the timer, on whichever node, re-offers that task
+then, this step queues its ``execute`` again and admits — no timer of its own, and
+nothing lost when the node that stopped dies.
+
 On a store with one writer (memory, SQLite) the counts it reads are exact: no other
 job runs beside it.  On PostgreSQL a job locks the group's limit row before it counts
 (``Backend.flow_lock``): nodes admitting to one group take turns, and each count
@@ -25,9 +33,12 @@ a free only admits less, and the job that freed admits right after, under the lo
 
 from __future__ import annotations
 
+import math
 from typing import Final
 
-from troth.flow.limits import Held, Limit, group_of, priority_of
+from msgspec.structs import replace
+
+from troth.flow.limits import Held, Limit, group_of, next_start, priority_of, take_start
 from troth.machine.state import ACQUIRED, TASK_PENDING, Response, error
 from troth.protocol.records import PENDING, TAG_TARGET, Execute
 from troth.store.base import Overlay
@@ -73,11 +84,15 @@ class Flow:
             if task.state == ACQUIRED:
                 if slot is not None:
                     continue
+                limit = limits[group]
                 if id == acquiring:
-                    refusal = self._refusal(tx, id, group, limits[group])
+                    refusal = self._refusal(tx, id, limit, now)
                     if refusal is not None:
                         tx.writes = Writes()
                         return refusal
+                if limit.rate is not None:  # a start: from the bucket, in debt if need be
+                    tx.backend.flow_lock(group)
+                    tx.set_tat(group, take_start(limit, tx.flow_tat(group), now))
                 tx.take_slot(id, group)
                 tx.queue(id, None)
                 continue
@@ -102,9 +117,9 @@ class Flow:
                 tx.queue(id, held)
                 touched.add(group)
         for group in touched:
-            limit = limits.get(group)
-            if limit is not None:
-                admit(tx, now, limit)
+            found = limits.get(group)
+            if found is not None:
+                admit(tx, now, found)
         return None
 
     @staticmethod
@@ -114,15 +129,25 @@ class Flow:
         return None if promise is None else group_of(promise.tags.get(TAG_TARGET, ""))
 
     @staticmethod
-    def _refusal(tx: Overlay, id: str, group: str, limit: Limit) -> Response | None:
+    def _refusal(tx: Overlay, id: str, limit: Limit, now: int) -> Response | None:
+        group = limit.group
         tx.backend.flow_lock(group)
-        in_use = tx.flow_in_use(group)
-        if in_use >= limit.concurrency:
-            return error(
-                409,
-                f"Task is held by the concurrency limit of group {group}: "
-                f"{in_use} of {limit.concurrency} in use",
-            )
+        if limit.concurrency is not None:
+            in_use = tx.flow_in_use(group)
+            if in_use >= limit.concurrency:
+                return error(
+                    409,
+                    f"Task is held by the concurrency limit of group {group}: "
+                    f"{in_use} of {limit.concurrency} in use",
+                )
+        if limit.rate is not None:
+            at = next_start(limit, tx.flow_tat(group), now)
+            if at > now:
+                return error(
+                    409,
+                    f"Task is held by the rate limit of group {group}: "
+                    f"{limit.rate:g} starts/s, the next in {math.ceil(at - now)} ms",
+                )
         first = tx.flow_held(group, 1)
         if first and first[0].task_id != id:
             return error(
@@ -134,20 +159,21 @@ class Flow:
 
 
 def admit(tx: Overlay, now: int, limit: Limit) -> int:
-    """Let queued tasks of the limit's group through while it has slots free: each
-    gets its ``execute`` and a slot; a queued task that is no longer pending (its
-    promise settled, or a worker took it) just leaves the queue.  How many were let
-    through."""
+    """Let queued tasks of the limit's group through while it has slots free and
+    tokens in its bucket: each gets its ``execute`` and a slot; a queued task that is
+    no longer pending (its promise settled, or a worker took it) just leaves the
+    queue.  How many were let through."""
     group = limit.group
     tx.backend.flow_lock(group)
-    free = limit.concurrency - tx.flow_in_use(group)
+    free = None if limit.concurrency is None else limit.concurrency - tx.flow_in_use(group)
+    tat = tx.flow_tat(group) if limit.rate is not None else 0.0
     admitted = 0
-    while free > 0:
-        page = tx.flow_held(group, min(free, ADMIT_PAGE))
+    stopped = False
+    while not stopped and (free is None or free > 0):
+        page = tx.flow_held(group, ADMIT_PAGE if free is None else min(free, ADMIT_PAGE))
         if not page:
             break
         for held in page:
-            tx.queue(held.task_id, None)
             task = tx.get_task(held.task_id)
             promise = tx.get_promise(held.task_id)
             if (
@@ -158,11 +184,26 @@ def admit(tx: Overlay, now: int, limit: Limit) -> int:
                 or promise.timeout_at <= now
                 or tx.flow_slot(held.task_id) is not None
             ):
+                tx.queue(held.task_id, None)
                 continue
+            if limit.rate is not None:
+                at = next_start(limit, tat, now)
+                if at > now:
+                    # No token until ``at``: the timer re-offers this task then.
+                    due = math.ceil(at)
+                    if task.retry_at is None or task.retry_at > due:
+                        tx.set_task(replace(task, retry_at=due))
+                    stopped = True
+                    break
+                tat = take_start(limit, tat, now)
+            tx.queue(held.task_id, None)
             tx.set_message(held.address, Execute(task_id=task.id, version=task.version))
             if tx.writes.withdrawn:
                 tx.writes.withdrawn.discard(task.id)  # its new row replaces the old
             tx.take_slot(task.id, group)
-            free -= 1
+            if free is not None:
+                free -= 1
             admitted += 1
+    if admitted and limit.rate is not None:
+        tx.set_tat(group, tat)
     return admitted

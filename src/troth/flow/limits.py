@@ -1,12 +1,15 @@
 """What a limit is, and which group a delivery address belongs to.
 
 A limit caps the tasks of one worker group (the group of ``poll://any@GROUP`` and
-``poll://uni@GROUP/…``) that hold a *slot* at once.  A task holds a slot while it is
-acquired, and from the moment its ``execute`` was let through until a worker
-acquires it (a *reservation*: the message is on its way to a worker, so the slot is
-spoken for).  Tasks beyond the limit are *held*: pending, with no ``execute`` sent,
-in a queue of their group ordered by ``troth:priority`` (higher first) and then by
-creation.  Limits live in the store (table ``flow_limits``), so that they outlive a
+``poll://uni@GROUP/…``) that hold a *slot* at once (``concurrency``), how many may
+start per second (``rate``, a token bucket of ``burst`` tokens), or both.  A task
+holds a slot while it is acquired, and from the moment its ``execute`` was let
+through until a worker acquires it (a *reservation*: the message is on its way to a
+worker, so the slot is spoken for).  Tasks beyond the limit are *held*: pending,
+with no ``execute`` sent, in a queue of their group ordered by ``troth:priority``
+(higher first) and then by creation.  A *start* is a task let through (its
+``execute`` written) or acquired without having been let through; the rate counts
+starts.  Limits live in the store (table ``flow_limits``), so that they outlive a
 restart and every node sees the same ones.
 """
 
@@ -27,13 +30,70 @@ TAG_KEY: Final = "troth:key"
 MAX_GROUP: Final = 256
 #: Largest concurrency a limit takes.
 MAX_CONCURRENCY: Final = 1_000_000
+#: Largest rate (starts per second) and burst a limit takes.
+MAX_RATE: Final = 1_000_000.0
+MAX_BURST: Final = 1_000_000
+#: What the ``concurrency`` column holds for a limit with a rate only: a node of the
+#: release before rates, sharing the database during an upgrade, reads it as no cap.
+UNCAPPED: Final = 2**31 - 1
+#: Per-unit multipliers of a rate written as ``R/s``, ``R/m`` or ``R/h``.
+_PER: Final = {"s": 1.0, "m": 1 / 60, "h": 1 / 3600}
 
 
 class Limit(msgspec.Struct, frozen=True, omit_defaults=True):
-    """One group's limit: at most ``concurrency`` tasks hold a slot at once."""
+    """One group's limit: at most ``concurrency`` tasks hold a slot at once, and at
+    most ``rate`` start per second on average with up to ``burst`` at once (None:
+    that cap is off; a limit has at least one)."""
 
     group: str
-    concurrency: int
+    concurrency: int | None = None
+    rate: float | None = None
+    burst: int | None = None
+
+    @property
+    def bucket(self) -> int:
+        """The token bucket's size: ``burst``, 1 when not given."""
+        return self.burst or 1
+
+    def interval(self) -> float:
+        """Milliseconds between two starts at the rate (the bucket's refill time for
+        one token)."""
+        assert self.rate is not None
+        return 1000.0 / self.rate
+
+
+def stored_limit(
+    group: str, concurrency: int | None, rate: float | None, burst: int | None
+) -> Limit:
+    """A limit from its row (``flow_limits``)."""
+    capped = None if concurrency is None or int(concurrency) >= UNCAPPED else int(concurrency)
+    return Limit(
+        str(group),
+        capped,
+        None if rate is None else float(rate),
+        None if burst is None else int(burst),
+    )
+
+
+def limit_row(limit: Limit, now: int) -> tuple[str, int, float | None, int | None, int]:
+    """The row of ``flow_limits`` a limit is stored as (grp, concurrency, rate, burst,
+    updated_at): a rate-only limit's concurrency reads as no cap (:data:`UNCAPPED`)."""
+    concurrency = UNCAPPED if limit.concurrency is None else limit.concurrency
+    return (limit.group, concurrency, limit.rate, limit.burst, now)
+
+
+def next_start(limit: Limit, tat: float, now: int) -> float:
+    """When the next start of the group is allowed (ms; ``<= now``: at once), given
+    its *theoretical arrival time* ``tat``: a token bucket kept as one number (the
+    generic cell rate algorithm), so that a store keeps one column per group."""
+    tolerance = limit.interval() * (limit.bucket - 1)
+    return max(tat, now) - tolerance
+
+
+def take_start(limit: Limit, tat: float, now: int) -> float:
+    """The bucket after one start at ``now`` (taken even when none is free: a
+    start the server may not refuse leaves a debt that delays the next ones)."""
+    return max(tat, now) + limit.interval()
 
 
 class Held(msgspec.Struct, frozen=True):
@@ -70,7 +130,33 @@ def priority_of(tags: Tags) -> int:
         return 0
 
 
-def check_limit(group: str, concurrency: object) -> Limit:
+def parse_rate(value: object) -> float | None:
+    """A rate from an operator's input: a number of starts per second, or a string
+    ``R/s``, ``R/m`` or ``R/h``; None stays None.  ValueError says what is wrong."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise ValueError("rate must be a number of starts per second, or R/s, R/m, R/h")
+    if isinstance(value, (int, float)):
+        rate = float(value)
+    elif isinstance(value, str):
+        text, _, unit = value.strip().partition("/")
+        if unit not in ("", *_PER):
+            raise ValueError(f"rate {value!r}: write it as R/s, R/m or R/h")
+        try:
+            rate = float(text) * _PER[unit or "s"]
+        except ValueError:
+            raise ValueError(f"rate {value!r}: write it as R/s, R/m or R/h") from None
+    else:
+        raise ValueError("rate must be a number of starts per second, or R/s, R/m, R/h")
+    if not 0 < rate <= MAX_RATE or rate != rate:
+        raise ValueError(f"rate must be above 0 and at most {MAX_RATE:,.0f}/s")
+    return rate
+
+
+def check_limit(
+    group: str, concurrency: object, rate: object = None, burst: object = None
+) -> Limit:
     """A limit from an operator's input, or ValueError saying what is wrong."""
     if not isinstance(group, str) or not group.strip():
         raise ValueError("a limit needs a group: the worker group of poll://any@GROUP")
@@ -80,8 +166,19 @@ def check_limit(group: str, concurrency: object) -> Limit:
         raise ValueError(
             "a group is written as in poll://any@GROUP: lower case, without '/' or '@'"
         )
-    if isinstance(concurrency, bool) or not isinstance(concurrency, int):
-        raise ValueError("concurrency must be an integer")
-    if not 1 <= concurrency <= MAX_CONCURRENCY:
-        raise ValueError(f"concurrency must be between 1 and {MAX_CONCURRENCY}")
-    return Limit(group, concurrency)
+    if concurrency is not None:
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int):
+            raise ValueError("concurrency must be an integer")
+        if not 1 <= concurrency <= MAX_CONCURRENCY:
+            raise ValueError(f"concurrency must be between 1 and {MAX_CONCURRENCY}")
+    per_second = parse_rate(rate)
+    if burst is not None:
+        if per_second is None:
+            raise ValueError("burst goes with a rate: --rate R/s --burst B")
+        if isinstance(burst, bool) or not isinstance(burst, int):
+            raise ValueError("burst must be an integer")
+        if not 1 <= burst <= MAX_BURST:
+            raise ValueError(f"burst must be between 1 and {MAX_BURST}")
+    if concurrency is None and per_second is None:
+        raise ValueError("a limit needs a concurrency, a rate, or both")
+    return Limit(group, concurrency, per_second, burst)

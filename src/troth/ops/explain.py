@@ -397,10 +397,17 @@ class _Walker:
         """A pending task queued for a slot of its group (troth/flow): no ``execute``
         goes to it until a slot frees and the tasks before it have theirs."""
         f.reason = "held_by_limit"
-        f.text = (
-            f"held by the concurrency limit of group `{held.group}`: "
-            f"{held.in_use:,} of {held.concurrency:,} in use, {counted(held.ahead, 'task')} ahead"
-        )
+        ahead = counted(held.ahead, "task")
+        if held.concurrency is not None and (held.rate is None or held.in_use >= held.concurrency):
+            f.text = (
+                f"held by the concurrency limit of group `{held.group}`: "
+                f"{held.in_use:,} of {held.concurrency:,} in use, {ahead} ahead"
+            )
+        else:
+            f.text = (
+                f"held by the rate limit of group `{held.group}`: "
+                f"{held.rate:g} starts/s, {ahead} ahead"
+            )
         if held.priority:
             f.text += f" (its troth:priority {held.priority})"
         f.evidence["group"] = held.group
@@ -410,6 +417,8 @@ class _Walker:
             "ahead": held.ahead,
             "priority": held.priority,
         }
+        if held.rate is not None:
+            f.evidence["limit"]["rate"] = held.rate
 
     # -- nats:// ---------------------------------------------------------------------
 

@@ -30,10 +30,12 @@ class HeldFact:
     slots in use, and the tasks queued before it (its place in the queue)."""
 
     group: str
-    concurrency: int
+    concurrency: int | None
     in_use: int
     ahead: int
     priority: int
+    #: The group's rate (starts per second), when it has one.
+    rate: float | None = None
 
 
 @dataclass
@@ -99,4 +101,6 @@ def _held(ins: Inspection, facts: Facts) -> None:
         use = limits.get(h.group)
         if use is not None:
             ahead = ins.held_ahead(h)
-            facts.held[id] = HeldFact(h.group, use.concurrency, use.in_use, ahead, h.priority)
+            facts.held[id] = HeldFact(
+                h.group, use.concurrency, use.in_use, ahead, h.priority, use.rate
+            )

@@ -5,7 +5,8 @@
                            (server/cancel.py; ``troth cancel``)
 ``POST /ops/outbox/retry`` ``{"target"?, "since"?, "dryRun"?}``: failed deliveries
                            offered again with fresh attempts (``troth outbox retry``)
-``POST /ops/limits/set``   ``{"group", "concurrency"}``: set a worker group's limit
+``POST /ops/limits/set``   ``{"group", "concurrency", "rate", "burst"}``: set a worker
+                           group's limit (a concurrency, a rate, or both)
                            (``troth limits set``; ``troth/flow``)
 ``POST /ops/limits/delete`` ``{"group"}``: delete it; its queued tasks go at once
 ``GET /ops/limits``        every limit with its use (``troth limits list``)
@@ -49,6 +50,9 @@ MAX_ID: Final = 4096
 class LimitBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     group: str
     concurrency: int | None = None
+    #: Starts per second (a number) or ``"R/s"``, ``"R/m"``, ``"R/h"``.
+    rate: float | str | None = None
+    burst: int | None = None
 
 
 class CancelBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -120,9 +124,7 @@ class OperatorActions:
 
     async def set_limit(self, body: bytes) -> Any:
         req = msgspec.json.decode(body or b"{}", type=LimitBody)
-        if req.concurrency is None:
-            raise ValueError("a limit needs concurrency (the only kind of limit yet)")
-        limit = check_limit(req.group, req.concurrency)
+        limit = check_limit(req.group, req.concurrency, req.rate, req.burst)
         now = self.engine.clock()
         answer = await self.engine.run(set_limit(limit, now), now)
         self.engine.flow.limits = {**self.engine.flow.limits, limit.group: limit}
@@ -130,7 +132,7 @@ class OperatorActions:
 
     async def delete_limit(self, body: bytes) -> Any:
         req = msgspec.json.decode(body or b"{}", type=LimitBody)
-        if req.concurrency is not None:
+        if (req.concurrency, req.rate, req.burst) != (None, None, None):
             raise ValueError("delete takes only a group")
         now = self.engine.clock()
         answer = await self.engine.run(delete_limit(req.group, now), now)

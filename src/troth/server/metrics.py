@@ -112,6 +112,11 @@ HELP = {
         "The concurrency limit of a worker group: at most this many of its tasks hold a "
         "slot at once (read from the store when scraped, while some group has a limit).",
     ),
+    "troth_limit_rate": (
+        "gauge",
+        "The rate limit of a worker group: at most this many of its tasks start per "
+        "second on average (read from the store when scraped).",
+    ),
     "troth_limit_in_use": (
         "gauge",
         "Tasks of a limited worker group holding a slot: acquired, or their execute sent "

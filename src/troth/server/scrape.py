@@ -36,6 +36,7 @@ SLOW: Final = 0.05
 STATES: Final = tuple(s.value for s in RowState)
 #: The gauges of each limit, by group (troth/flow).
 LIMIT_CONCURRENCY: Final = "troth_limit_concurrency"
+LIMIT_RATE: Final = "troth_limit_rate"
 LIMIT_IN_USE: Final = "troth_limit_in_use"
 LIMIT_HELD: Final = "troth_limit_held"
 
@@ -63,7 +64,14 @@ class StoreGauges:
             metrics.gauge("troth_cluster_nodes_alive", lambda: self.nodes_alive)
         if flow is not None:
             metrics.family(
-                LIMIT_CONCURRENCY, "group", lambda: {u.group: u.concurrency for u in self.limits}
+                LIMIT_CONCURRENCY,
+                "group",
+                lambda: {u.group: u.concurrency for u in self.limits if u.concurrency is not None},
+            )
+            metrics.family(
+                LIMIT_RATE,
+                "group",
+                lambda: {u.group: u.rate for u in self.limits if u.rate is not None},
             )
             metrics.family(LIMIT_IN_USE, "group", lambda: {u.group: u.in_use for u in self.limits})
             metrics.family(LIMIT_HELD, "group", lambda: {u.group: u.held for u in self.limits})

@@ -109,6 +109,10 @@ class Backend(ABC):
         """How many tasks hold a slot of ``group``."""
         raise NotImplementedError(f"{type(self).__name__} keeps no limits")
 
+    def flow_tat(self, group: str) -> float:
+        """The token bucket of the group's rate limit (``Writes.tats``; 0: full)."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no limits")
+
     def flow_lock(self, group: str) -> None:
         """Take the group's turn: until this transaction ends, no other counts or
         admits for ``group`` (a store shared between nodes locks its limit row; a
@@ -246,6 +250,18 @@ class Overlay:
         found = [h for h in stored if h.task_id not in mine]
         found += [h for h in mine.values() if h is not None and h.group == group]
         return sorted(found, key=held_order)[:limit]
+
+    def flow_tat(self, group: str) -> float:
+        tats = self.writes.tats
+        if tats is not None and group in tats:
+            return tats[group]
+        return self.backend.flow_tat(group)
+
+    def set_tat(self, group: str, tat: float) -> None:
+        """The group's token bucket after this job's starts."""
+        if self.writes.tats is None:
+            self.writes.tats = {}
+        self.writes.tats[group] = tat
 
     def take_slot(self, task_id: str, group: str | None) -> None:
         """The task holds a slot of ``group`` from now on (None: it frees its slot)."""

@@ -17,7 +17,7 @@ from typing import Any, Final, cast
 
 import msgspec
 
-from troth.flow.limits import Held
+from troth.flow.limits import Held, stored_limit
 from troth.outbox.rows import OutboxRow
 from troth.protocol.records import PENDING, TAG_ORIGIN, Promise, Schedule, Tags, Task
 from troth.store.codec import OUTBOX_COLS, PROMISE_COLS, SCHEDULE_COLS, TASK_COLS, RowCodec
@@ -58,9 +58,10 @@ class LimitUse:
     ``explain``): tasks holding a slot, tasks queued for one."""
 
     group: str
-    concurrency: int
+    concurrency: int | None
     in_use: int
     held: int
+    rate: float | None = None
 
 
 class Inspection(ABC):
@@ -289,7 +290,16 @@ class SqlInspection(Inspection):
         return {str(s): int(n) for s, n in self._all("count_outbox")}
 
     def limits(self) -> list[LimitUse]:
-        return [LimitUse(str(g), int(c), int(u), int(h)) for g, c, u, h in self._all("limits")]
+        return [
+            LimitUse(
+                str(g),
+                stored_limit(g, c, r, None).concurrency,
+                int(u),
+                int(h),
+                None if r is None else float(r),
+            )
+            for g, c, r, u, h in self._all("limits")
+        ]
 
     def held(self, ids: Sequence[str]) -> dict[str, Held]:
         found: dict[str, Held] = {}
@@ -366,7 +376,7 @@ def _queries(p: str) -> dict[str, str]:
         # Flow control: each limit with a count of its slots and of its queue (both
         # index ranges: flow_slots_grp, flow_held_order).
         "limits": (
-            "SELECT l.grp, l.concurrency,"
+            "SELECT l.grp, l.concurrency, l.rate,"
             " (SELECT count(*) FROM flow_slots s WHERE s.grp = l.grp),"
             " (SELECT count(*) FROM flow_held h WHERE h.grp = l.grp)"
             " FROM flow_limits l ORDER BY l.grp"

@@ -76,6 +76,7 @@ class MemoryBackend(Backend):
         self.slots: dict[str, str] = {}
         self.in_use: collections.Counter[str] = collections.Counter()
         self.queued: dict[str, Held] = {}
+        self.tats: dict[str, float] = {}
 
     # -- reads ------------------------------------------------------------------
 
@@ -96,6 +97,9 @@ class MemoryBackend(Backend):
 
     def flow_slot(self, task_id: str) -> str | None:
         return self.slots.get(task_id)
+
+    def flow_tat(self, group: str) -> float:
+        return self.tats.get(group, 0.0)
 
     def flow_in_use(self, group: str) -> int:
         return self.in_use[group]
@@ -230,7 +234,7 @@ class MemoryBackend(Backend):
             )
             self.outbox[row.id] = row
             self.pending_by_key[key] = row.id
-        if writes.slots or writes.held or writes.limits or writes.withdrawn:
+        if writes.has_flow():
             self._apply_flow(writes)
 
     def _apply_flow(self, writes: Writes) -> None:
@@ -256,8 +260,12 @@ class MemoryBackend(Backend):
                 for task_id in [t for t, g in self.slots.items() if g == group]:
                     del self.slots[task_id]
                 self.in_use.pop(group, None)
+                self.tats.pop(group, None)
             else:
                 self.limits[group] = limit
+        for group, tat in (writes.tats or {}).items():
+            if group in self.limits:
+                self.tats[group] = tat
 
     def snapshot(self) -> dict[str, Any]:
         return snapshot(
@@ -503,7 +511,9 @@ class MemoryInspection(Inspection):
     def limits(self) -> list[LimitUse]:
         b = self.b
         return [
-            LimitUse(g, b.limits[g].concurrency, b.in_use[g], b.flow_held_count(g))
+            LimitUse(
+                g, b.limits[g].concurrency, b.in_use[g], b.flow_held_count(g), b.limits[g].rate
+            )
             for g in sorted(b.limits)
         ]
 

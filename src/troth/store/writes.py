@@ -32,6 +32,9 @@ class Writes:
     slots: dict[str, str | None] | None = None
     held: dict[str, Held | None] | None = None
     limits: dict[str, Limit | None] | None = None
+    #: The token buckets of rate limits after this job's starts, by group (the
+    #: *theoretical arrival time* in ms, ``flow.limits.next_start``).
+    tats: dict[str, float] | None = None
     #: Keys whose pending outbox message is withdrawn (a task queued for a slot:
     #: an ``execute`` written for it earlier and not yet sent goes too).
     withdrawn: set[str] | None = None
@@ -46,4 +49,9 @@ class Writes:
             or self.held
             or self.limits
             or self.withdrawn
+            or self.tats
         )
+
+    def has_flow(self) -> bool:
+        """Whether the job changed anything of flow control (``troth/flow``)."""
+        return bool(self.slots or self.held or self.limits or self.withdrawn or self.tats)

@@ -13,7 +13,7 @@ from typing import Any, Final, TypeVar, cast
 import psycopg
 from psycopg.pq import TransactionStatus
 
-from troth.flow.limits import Held, Limit
+from troth.flow.limits import Held, Limit, limit_row, stored_limit
 from troth.protocol.records import (
     PENDING,
     TAG_ORIGIN,
@@ -507,7 +507,12 @@ class PostgresBackend(Backend):
     def flow_limits(self) -> list[Limit]:
         self.flush()
         rows = self.cur.execute(Q["flow_limits"]).fetchall()
-        return [Limit(str(group), int(concurrency)) for group, concurrency in rows]
+        return [stored_limit(*row) for row in rows]
+
+    def flow_tat(self, group: str) -> float:
+        self.flush()
+        r = self.cur.execute(Q["flow_tat"], (group,)).fetchone()
+        return 0.0 if r is None else float(r[0])
 
     def flow_lock(self, group: str) -> None:
         self.flush()
@@ -566,7 +571,9 @@ class PostgresBackend(Backend):
                 statements.append((Q["flow_delete_group_slots"], (group,)))
                 self.slots = {t: g for t, g in self.slots.items() if g != group}
             else:
-                statements.append((Q["flow_put_limit"], (group, limit.concurrency, now)))
+                statements.append((Q["flow_put_limit"], limit_row(limit, now)))
+        for group, tat in sorted((writes.tats or {}).items()):
+            statements.append((Q["flow_put_tat"], (tat, group)))
         return statements
 
     def _scan_rows(
@@ -704,7 +711,7 @@ class PostgresBackend(Backend):
             if writes.traces:
                 statements.append(_traces_statement(writes.traces))
             statements += self._schedule_statements(writes)
-            if writes.slots or writes.held or writes.limits or writes.withdrawn:
+            if writes.has_flow():
                 statements += self._flow_statements(writes, now)
             if writes.messages:
                 held = writes.available_at
@@ -755,7 +762,7 @@ class PostgresBackend(Backend):
             insert = earlier[1] if earlier else self.seen_tasks.get(id) is False
             self.pending_tasks[id] = (CODEC.task_row(t), insert)
         self.pending_schedules += self._schedule_statements(writes)
-        if writes.slots or writes.held or writes.limits or writes.withdrawn:
+        if writes.has_flow():
             self.pending_flow += self._flow_statements(writes, now)
         if writes.traces:
             for id, trace in writes.traces.items():

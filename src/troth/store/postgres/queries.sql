@@ -400,7 +400,7 @@ UPDATE promises SET trace = t.trace FROM unnest(%b::text[], %b::text[]) AS t (id
 -- limit row (flow_lock): two nodes' admissions to one group take turns, so the count
 -- each reads is exact.
 -- name: flow_limits
-SELECT grp, concurrency FROM flow_limits ORDER BY grp
+SELECT grp, concurrency, rate, burst FROM flow_limits ORDER BY grp
 
 -- name: flow_lock
 SELECT grp FROM flow_limits WHERE grp = %s FOR UPDATE
@@ -438,9 +438,17 @@ ON CONFLICT (task_id) DO UPDATE SET grp = excluded.grp, address = excluded.addre
 DELETE FROM flow_held WHERE task_id = %s
 
 -- name: flow_put_limit
-INSERT INTO flow_limits (grp, concurrency, updated_at) VALUES (%s, %s, %s)
+INSERT INTO flow_limits (grp, concurrency, rate, burst, updated_at)
+VALUES (%s, %s, %s, %s, %s)
 ON CONFLICT (grp) DO UPDATE SET concurrency = excluded.concurrency,
-    updated_at = excluded.updated_at
+    rate = excluded.rate, burst = excluded.burst, updated_at = excluded.updated_at
+
+-- A rate limit's token bucket: the theoretical arrival time of the next start (ms).
+-- name: flow_tat
+SELECT tat FROM flow_limits WHERE grp = %s
+
+-- name: flow_put_tat
+UPDATE flow_limits SET tat = %s WHERE grp = %s
 
 -- name: flow_delete_limit
 DELETE FROM flow_limits WHERE grp = %s

@@ -164,7 +164,7 @@ UPDATE promises SET trace = ? WHERE id = ? AND trace IS NULL
 
 -- Flow control (troth/flow): read and written only while some group has a limit.
 -- name: flow_limits
-SELECT grp, concurrency FROM flow_limits ORDER BY grp
+SELECT grp, concurrency, rate, burst FROM flow_limits ORDER BY grp
 
 -- name: flow_slot
 SELECT grp FROM flow_slots WHERE task_id = ?
@@ -195,9 +195,17 @@ ON CONFLICT (task_id) DO UPDATE SET grp = excluded.grp, address = excluded.addre
 DELETE FROM flow_held WHERE task_id = ?
 
 -- name: flow_put_limit
-INSERT INTO flow_limits (grp, concurrency, updated_at) VALUES (?, ?, ?)
+INSERT INTO flow_limits (grp, concurrency, rate, burst, updated_at)
+VALUES (?, ?, ?, ?, ?)
 ON CONFLICT (grp) DO UPDATE SET concurrency = excluded.concurrency,
-    updated_at = excluded.updated_at
+    rate = excluded.rate, burst = excluded.burst, updated_at = excluded.updated_at
+
+-- A rate limit's token bucket: the theoretical arrival time of the next start (ms).
+-- name: flow_tat
+SELECT tat FROM flow_limits WHERE grp = ?
+
+-- name: flow_put_tat
+UPDATE flow_limits SET tat = ? WHERE grp = ?
 
 -- name: flow_delete_limit
 DELETE FROM flow_limits WHERE grp = ?

@@ -17,7 +17,7 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Final, Protocol, TypeVar, cast
 
-from troth.flow.limits import Held, Limit
+from troth.flow.limits import Held, Limit, limit_row, stored_limit
 from troth.outbox import codes
 from troth.outbox.rows import OutboxRow
 from troth.protocol.records import PENDING, TAG_ORIGIN, Promise, Schedule, Tags, Task
@@ -287,7 +287,11 @@ class SqliteBackend(Backend):
 
     def flow_limits(self) -> list[Limit]:
         rows = self.conn.execute(_Q["flow_limits"]).fetchall()
-        return [Limit(group, concurrency) for group, concurrency in rows]
+        return [stored_limit(*row) for row in rows]
+
+    def flow_tat(self, group: str) -> float:
+        r = self.conn.execute(_Q["flow_tat"], (group,)).fetchone()
+        return 0.0 if r is None else float(r[0])
 
     def flow_slot(self, task_id: str) -> str | None:
         r = self.conn.execute(_Q["flow_slot"], (task_id,)).fetchone()
@@ -327,7 +331,9 @@ class SqliteBackend(Backend):
                 execute(_Q["flow_delete_limit"], (group,))
                 execute(_Q["flow_delete_group_slots"], (group,))
             else:
-                execute(_Q["flow_put_limit"], (group, limit.concurrency, now))
+                execute(_Q["flow_put_limit"], limit_row(limit, now))
+        for group, tat in (writes.tats or {}).items():
+            execute(_Q["flow_put_tat"], (tat, group))
 
     def apply(self, writes: Writes, now: int) -> None:
         execute = self.conn.execute
@@ -355,7 +361,7 @@ class SqliteBackend(Backend):
             execute(_Q["delete_pending_message"], (key,))
             row = _CODEC.message_row(key, entry, now, held.get(key) if held else None)
             execute(_Q["insert_message"], row)
-        if writes.slots or writes.held or writes.limits or writes.withdrawn:
+        if writes.has_flow():
             self._apply_flow(writes, now)
 
     # -- whole-store reads -----------------------------------------------------------------

@@ -874,24 +874,29 @@ function nodesBody(w) {
   ];
 }
 
-/** Concurrency limits (GET /ops/limits): each group's slots in use of its limit and
- * the tasks held for a slot. Held while every slot is in use is shown as an error. */
+/** Concurrency and rate limits (GET /ops/limits): each group's slots in use of its
+ * limit, its rate, and the tasks held. Held while every slot is in use is shown as
+ * an error. A cap a limit does not have shows as a dash. */
 function limitsBody(limits, only) {
   const shown = only ? limits.filter((l) => l.group === only) : limits;
   return table(
-    ["group", "concurrency", "in use", "held"],
+    ["group", "concurrency", "rate", "in use", "held"],
     shown.map((l) => {
-      const full = l.inUse >= l.concurrency;
+      const capped = l.concurrency != null;
+      const full = capped && l.inUse >= l.concurrency;
+      const use = [h("span", { "data-col": "inUse" }, l.inUse.toLocaleString("en"))];
+      if (capped) {
+        use.push(h("meter", { min: 0, max: l.concurrency, value: Math.min(l.inUse, l.concurrency), "aria-label": `${l.inUse} of ${l.concurrency} slots in use` }));
+      }
       return [
         link(`#/workers?group=${encodeURIComponent(l.group)}`, l.group),
-        h("span", { "data-col": "concurrency" }, l.concurrency.toLocaleString("en")),
-        h("span", { class: "use" },
-          h("span", { "data-col": "inUse" }, l.inUse.toLocaleString("en")),
-          h("meter", { min: 0, max: l.concurrency, value: Math.min(l.inUse, l.concurrency), "aria-label": `${l.inUse} of ${l.concurrency} slots in use` })),
+        h("span", { "data-col": "concurrency" }, capped ? l.concurrency.toLocaleString("en") : "—"),
+        h("span", { "data-col": "rate", title: l.rate != null ? `a bucket of ${l.burst}` : null }, l.rate != null ? `${l.rate.toLocaleString("en")}/s` : "—"),
+        h("span", { class: "use" }, ...use),
         h("span", { "data-col": "held", class: l.held > 0 && full ? "error" : null, title: l.held > 0 && full ? "every slot is in use: these tasks wait" : null }, l.held.toLocaleString("en")),
       ];
     }),
-    only ? `Group ${only} has no concurrency limit.` : "No concurrency limits: every group runs as many tasks as its workers take (troth limits set GROUP --concurrency N).",
+    only ? `Group ${only} has no limit.` : "No limits: every group runs as many tasks as its workers take (troth limits set GROUP --concurrency N or --rate R/s).",
   );
 }
 
