@@ -65,7 +65,33 @@ def test_refusals_and_usage(
     code, _, err = cli(s, capsys, "limits", "set", "g", "--concurrency", "0")
     assert code == 1 and "400 concurrency must be between 1" in err
     code, _, err = cli(s, capsys, "limits", "set", "g")
-    assert code == 2 and "needs --concurrency" in err
+    assert code == 2 and "needs --concurrency N, --rate R/s, or both" in err
     code, _, err = cli(s, capsys, "limits", "delete")
     assert code == 2 and "needs a GROUP" in err
     assert cli(s, capsys, "limits", "list") == (0, "no limits\n", "")
+
+
+def test_a_rate_limit_set_and_shown(
+    sqlite_server: RunningServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    s = sqlite_server
+    code, out, _ = cli(s, capsys, "limits", "set", "llm", "--rate", "600/m", "--burst", "4")
+    assert (code, out) == (0, "llm: rate 10/s burst 4 (0 in use, 0 held)\n")
+    code, out, _ = cli(s, capsys, "limits", "set", "llm", "--rate", "2/s", "--concurrency", "3")
+    assert (code, out) == (0, "llm: concurrency 3, rate 2/s burst 1 (0 in use, 0 held)\n")
+    code, out, _ = cli(s, capsys, "limits", "get", "llm", "--json")
+    assert json.loads(out) == {
+        "group": "llm",
+        "concurrency": 3,
+        "rate": 2.0,
+        "burst": 1,
+        "inUse": 0,
+        "held": 0,
+    }
+    # Refused before anything is sent: a rate that does not read, a burst alone.
+    code, _, err = cli(s, capsys, "limits", "set", "llm", "--rate", "fast")
+    assert code == 2 and "R/s, R/m or R/h" in err
+    code, _, err = cli(s, capsys, "limits", "set", "llm", "--burst", "3", "--concurrency", "1")
+    assert code == 2 and "--burst goes with --rate" in err
+    code, out, _ = cli(s, capsys, "limits", "get", "llm")
+    assert out == "llm: concurrency 3, rate 2/s burst 1 (0 in use, 0 held)\n"
