@@ -227,6 +227,15 @@ def add_server_flags(p: argparse.ArgumentParser, base: Settings | None = None) -
         base=b,
         type=float,
     )
+    flag(
+        delivery,
+        "flow_limits",
+        "limits set at start on worker groups that have none:"
+        " GROUP:concurrency=N,rate=R/s,burst=B;... (troth limits changes them)",
+        base=b,
+        shown="none",
+        metavar="SPEC",
+    )
 
     auth = p.add_argument_group("auth and TLS")
     flag(

@@ -41,6 +41,25 @@ def set_limit(limit: Limit, now: int) -> Callable[[Overlay], dict[str, Any]]:
     return job
 
 
+def seed_limits(limits: list[Limit], now: int) -> Callable[[Overlay], list[str]]:
+    """The job that sets, at start, the limits of the ``flow_limits`` setting on the
+    groups that have none in the store (a limit changed since with ``troth limits``
+    stays as changed; nodes starting together set each group once).  It answers the
+    groups it set."""
+
+    def job(tx: Overlay) -> list[str]:
+        known = {old.group for old in tx.backend.flow_limits()}
+        fresh = [limit for limit in limits if limit.group not in known]
+        if fresh:
+            tx.writes.limits = {limit.group: limit for limit in fresh}
+            for limit in fresh:
+                _put_right(tx, limit.group)
+                admit(tx, now, limit)
+        return [limit.group for limit in fresh]
+
+    return job
+
+
 def read_limits(tx: Overlay) -> list[Limit]:
     """Every limit (a job that writes nothing)."""
     return tx.backend.flow_limits()

@@ -62,6 +62,61 @@ class Limit(msgspec.Struct, frozen=True, omit_defaults=True):
         return 1000.0 / self.rate
 
 
+def parse_limits(text: str) -> list[Limit]:
+    """The limits of the ``flow_limits`` setting: ``GROUP:concurrency=N,rate=R/s,burst=B``
+    entries separated by ``;`` (each key optional, one of concurrency and rate
+    needed).  ValueError says which entry is wrong and why."""
+    found: dict[str, Limit] = {}
+    for entry in filter(None, (e.strip() for e in text.split(";"))):
+        group, colon, caps = entry.partition(":")
+        if not colon:
+            raise ValueError(f"flow_limits: {entry!r} is not GROUP:concurrency=N,rate=R/s,burst=B")
+        given: dict[str, str] = {}
+        for part in filter(None, (p.strip() for p in caps.split(","))):
+            key, equals, value = part.partition("=")
+            key = key.strip()
+            if not equals or key not in ("concurrency", "rate", "burst") or key in given:
+                raise ValueError(
+                    f"flow_limits: {part!r} in {entry!r}: use concurrency=, rate=, burst="
+                )
+            given[key] = value.strip()
+        try:
+            limit = check_limit(
+                group.strip(),
+                _integer(given.get("concurrency")),
+                given.get("rate"),
+                _integer(given.get("burst")),
+            )
+        except ValueError as exc:
+            raise ValueError(f"flow_limits: {entry!r}: {exc}") from None
+        if limit.group in found:
+            raise ValueError(f"flow_limits: group {limit.group!r} is given twice")
+        found[limit.group] = limit
+    return list(found.values())
+
+
+def limits_text(table: dict[str, object]) -> str:
+    """The ``flow_limits`` setting from ``troth.toml``'s ``[flow_limits]`` table
+    (``payments = { concurrency = 5 }``), as the flag writes it."""
+    entries = []
+    for group, caps in table.items():
+        if not isinstance(caps, dict):
+            raise ValueError(
+                f'flow_limits: {group} = {{ concurrency = N, rate = "R/s", burst = B }}'
+            )
+        entries.append(f"{group}:" + ",".join(f"{k}={v}" for k, v in caps.items()))
+    return ";".join(entries)
+
+
+def _integer(value: str | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"{value!r} is not an integer") from None
+
+
 def stored_limit(
     group: str, concurrency: int | None, rate: float | None, burst: int | None
 ) -> Limit:

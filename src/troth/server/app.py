@@ -18,6 +18,7 @@ from typing import Any, Protocol, get_args
 import msgspec
 
 from troth import PROTOCOL_VERSION
+from troth.flow.limits import parse_limits
 from troth.machine.core import request_ids
 from troth.machine.state import Response
 from troth.plural import counted
@@ -260,6 +261,15 @@ class App:
     async def startup(self) -> None:
         if not self.started:
             await self.engine.start()
+            seeds = parse_limits(self.settings.flow_limits)
+            if seeds:
+                fresh = await self.engine.seed_limits(seeds)
+                kept = [s.group for s in seeds if s.group not in fresh]
+                log.info(
+                    "flow_limits: set the limits of %s; kept the store's of %s",
+                    ", ".join(fresh) or "no group",
+                    ", ".join(kept) or "no group",
+                )
             if self.delivery is not None:
                 self.delivery.start()
             if self.cluster is not None:

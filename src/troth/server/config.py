@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from troth.durations import parse_duration
+from troth.flow.limits import limits_text, parse_limits
 from troth.protocol.address import valid_subject
 from troth.protocol.limits import Limits
 
@@ -65,6 +66,10 @@ class Settings:
     max_attempts: int = 5  # sends of one outbox row before it fails
     dispatch_concurrency: int = 64  # sends in flight at once
     outbox_retention: float = 3600.0  # seconds delivered outbox rows are kept
+    #: Limits set at start on groups that have none (``troth/flow``):
+    #: "GROUP:concurrency=N,rate=R/s,burst=B;…", or a ``[flow_limits]`` table in
+    #: troth.toml.
+    flow_limits: str = ""
     node_id: str = ""  # this node's name among several (postgres); default host-pid-random
     node_timeout: float = 5.0  # seconds without a heartbeat before peers count a node dead
     retention: str = ""  # e.g. 7d: delete workflows settled longer ago; "" or 0: keep all
@@ -133,6 +138,10 @@ class Settings:
             parse_duration(self.retention or "0")
         except ValueError as exc:
             raise ConfigError(f"retention: {exc}") from None
+        try:
+            parse_limits(self.flow_limits)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         if self.retention_batch < 1 or self.retention_interval <= 0:
             raise ConfigError("retention_batch must be >= 1 and retention_interval > 0")
         if self.archive_dir and not self.retention_ms:
@@ -217,6 +226,12 @@ def coerce(name: str, value: Any) -> Any:
         if any("," in str(k) or "," in str(v) for k, v in value.items()):
             raise ConfigError("push_tokens: hosts and tokens cannot contain ','")
         return ",".join(f"{k}={v}" for k, v in value.items())
+    if name == "flow_limits" and isinstance(value, dict):
+        # TOML: [flow_limits] payments = { concurrency = 5 }
+        try:
+            return limits_text(value)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
     if name == "cors_allow_origins" and isinstance(value, list):
         # TOML: cors_allow_origins = ["https://ui.example.com"]
         return ",".join(str(v) for v in value)

@@ -28,8 +28,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from troth.flow.changes import read_limits, reconcile
+from troth.flow.changes import read_limits, reconcile, seed_limits
 from troth.flow.gate import Flow
+from troth.flow.limits import Limit
 from troth.machine.core import READ_ONLY, handle, lock_keys, read, settled_keys, tick
 from troth.machine.internal import Config
 from troth.machine.state import Response
@@ -218,6 +219,14 @@ class Engine:
         if self.store.shared:
             self.flow.load(await self.run(read_limits, self.clock()))
             self._limits = asyncio.create_task(self._watch_limits(), name="troth-limits")
+
+    async def seed_limits(self, limits: list[Limit]) -> list[str]:
+        """Set the limits of the ``flow_limits`` setting on the groups that have none
+        in the store (``flow.changes.seed_limits``); the groups it set."""
+        now = self.clock()
+        fresh = await self.run(seed_limits(limits, now), now)
+        self.flow.load(await self.run(read_limits, self.clock()))
+        return fresh
 
     async def _watch_limits(self) -> None:
         """Other nodes may set or delete a limit: read them every
