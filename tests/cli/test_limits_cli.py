@@ -65,7 +65,7 @@ def test_refusals_and_usage(
     code, _, err = cli(s, capsys, "limits", "set", "g", "--concurrency", "0")
     assert code == 1 and "400 concurrency must be between 1" in err
     code, _, err = cli(s, capsys, "limits", "set", "g")
-    assert code == 2 and "needs --concurrency N, --rate R/s, or both" in err
+    assert code == 2 and "needs --concurrency N, --rate R/s or --per-key N" in err
     code, _, err = cli(s, capsys, "limits", "delete")
     assert code == 2 and "needs a GROUP" in err
     assert cli(s, capsys, "limits", "list") == (0, "no limits\n", "")
@@ -95,3 +95,18 @@ def test_a_rate_limit_set_and_shown(
     assert code == 2 and "--burst goes with --rate" in err
     code, out, _ = cli(s, capsys, "limits", "get", "llm")
     assert out == "llm: concurrency 3, rate 2/s burst 1 (0 in use, 0 held)\n"
+
+
+def test_a_per_key_limit_set_and_shown(
+    sqlite_server: RunningServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    s = sqlite_server
+    code, out, _ = cli(s, capsys, "limits", "set", "rep", "--concurrency", "4", "--per-key", "1")
+    assert (code, out) == (0, "rep: concurrency 4, per key 1 (0 in use, 0 held)\n")
+    for i in range(2):
+        tags = {"resonate:target": "poll://any@rep", "troth:key": "acme"}
+        s.ok("promise.create", {"id": f"r{i}", "timeoutAt": FAR, "tags": tags})
+    code, out, _ = cli(s, capsys, "limits", "list")
+    assert (code, out) == (0, "rep: concurrency 4, per key 1 (1 in use, 1 held)\n")
+    code, _, err = cli(s, capsys, "limits", "set", "rep", "--per-key", "0")
+    assert code == 1 and "per-key must be between 1" in err

@@ -123,3 +123,24 @@ def test_after_the_limit_is_deleted_nothing_is_held(limited: RunningServer) -> N
     assert explained(s, "c")["root"]["reason"] == "held_by_limit"
     assert s.client.post("/ops/limits/delete", json={"group": GROUP}).status_code == 200
     assert explained(s, "c")["root"]["reason"] == "no_worker"
+
+
+def test_a_task_held_by_its_key_or_by_the_rate_says_which(limited: RunningServer) -> None:
+    s = limited
+    r = s.client.post("/ops/limits/set", json={"group": "keyed", "concurrency": 5, "perKey": 1})
+    assert r.status_code == 200, r.text
+    create(s, "k0", group="keyed", **{"troth:key": "acme"})
+    create(s, "k1", group="keyed", **{"troth:key": "acme"})
+    finding = explained(s, "k1")["root"]
+    assert finding["reason"] == "held_by_limit"
+    assert (
+        "per-key limit of group `keyed`: key `acme` has 1 of 1 in use, 0 tasks ahead"
+        in (finding["text"])
+    )
+    assert finding["evidence"]["limit"]["perKey"] == 1
+    r = s.client.post("/ops/limits/set", json={"group": "rated", "rate": "1/m"})
+    assert r.status_code == 200, r.text
+    create(s, "r0", group="rated")
+    create(s, "r1", group="rated")
+    finding = explained(s, "r1")["root"]
+    assert "held by the rate limit of group `rated`: 1/m, 0 tasks ahead" in (finding["text"])

@@ -226,7 +226,7 @@ def test_a_settled_held_task_leaves_the_queue(flow_server: RunningServer) -> Non
 @pytest.mark.parametrize(
     ("path", "body", "status", "says"),
     [
-        ("/ops/limits/set", {"group": GROUP}, 400, "needs a concurrency, a rate"),
+        ("/ops/limits/set", {"group": GROUP}, 400, "needs a concurrency, a rate, a per-key"),
         ("/ops/limits/set", {"group": GROUP, "rate": "fast"}, 400, "R/s, R/m or R/h"),
         ("/ops/limits/set", {"group": GROUP, "rate": 0}, 400, "above 0"),
         (

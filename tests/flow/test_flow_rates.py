@@ -89,7 +89,7 @@ def test_an_acquire_without_a_token_is_refused_and_changes_nothing(
     before = s.ok("debug.snap", {})
     status, body = acquire(s, "b")
     assert status == 409
-    assert "rate limit of group fc" in str(body) and "the next in" in str(body)
+    assert "rate limit of group fc: 1/s, the next start in" in str(body)
     assert s.ok("debug.snap", {}) == before
     assert limits(s)[GROUP]["inUse"] == 1
 

@@ -36,7 +36,7 @@ def test_the_setting_reads_groups_and_their_caps() -> None:
         ("payments:size=3", "use concurrency=, rate=, burst="),
         ("payments:concurrency=many", "is not an integer"),
         ("payments:burst=3", "burst goes with a rate"),
-        ("payments:", "needs a concurrency, a rate"),
+        ("payments:", "needs a concurrency, a rate, a per-key"),
         ("Payments:concurrency=3", "lower case"),
         ("a:concurrency=1;a:rate=1/s", "given twice"),
     ],

@@ -318,7 +318,7 @@ def test_commit_error_rolls_back(store: SqliteStore, monkeypatch: pytest.MonkeyP
 
 
 def test_fresh_database_is_at_latest_version(store: SqliteStore, db: Path) -> None:
-    assert latest_version() == len(migrations()) == 9
+    assert latest_version() == len(migrations()) == 10
     rows = raw(db, "SELECT version, name, applied_at FROM schema_version ORDER BY version")
     assert [(v, n) for v, n, _ in rows] == [
         (1, "core"),
@@ -330,9 +330,10 @@ def test_fresh_database_is_at_latest_version(store: SqliteStore, db: Path) -> No
         (7, "trace_context"),
         (8, "flow_control"),
         (9, "rate_limits"),
+        (10, "fairness"),
     ]
     assert all(isinstance(at, int) and at > 1_600_000_000_000 for _, _, at in rows)
-    assert store.schema_version() == 9
+    assert store.schema_version() == 10
     indexes = {r[0] for r in raw(db, "SELECT name FROM sqlite_master WHERE type = 'index'")}
     assert {
         "promises_timeout",
@@ -380,6 +381,7 @@ def test_fixture_upgrade_from_version_1(db: Path) -> None:
             (7, "trace_context"),
             (8, "flow_control"),
             (9, "rate_limits"),
+            (10, "fairness"),
         ]
         assert raw(db, "SELECT applied_at FROM schema_version WHERE version = 1") == [
             (1_700_000_000_000,)
@@ -469,9 +471,9 @@ def test_newer_database_is_refused_untouched(db: Path) -> None:
     conn.close()
     before = raw(db, "SELECT * FROM schema_version ORDER BY version")
 
-    with pytest.raises(SchemaTooNew, match=r"version 99 is newer .* \(9\)") as info:
+    with pytest.raises(SchemaTooNew, match=r"version 99 is newer .* \(10\)") as info:
         SqliteStore(db)
-    assert info.value.found == 99 and info.value.known == 9
+    assert info.value.found == 99 and info.value.known == 10
     assert raw(db, "SELECT * FROM schema_version ORDER BY version") == before
     assert raw(db, "PRAGMA journal_mode") == [("delete",)]  # not even switched to WAL
 
@@ -490,7 +492,7 @@ def test_failed_migration_leaves_the_previous_version(
     assert "claim_token" not in str(raw(db, "SELECT sql FROM sqlite_master"))
     monkeypatch.undo()
     SqliteStore(db).close()
-    assert raw(db, "SELECT max(version) FROM schema_version") == [(9,)]
+    assert raw(db, "SELECT max(version) FROM schema_version") == [(10,)]
 
 
 def test_split_statements() -> None:

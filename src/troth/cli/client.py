@@ -625,6 +625,7 @@ def add_client_commands(sub: Any) -> None:
     p.add_argument("--concurrency", type=int, help="set: at most this many of its tasks at once")
     p.add_argument("--rate", help="set: at most R of its tasks start per second (R/s, R/m, R/h)")
     p.add_argument("--burst", type=int, help="set, with --rate: up to B start at once (default 1)")
+    p.add_argument("--per-key", type=int, help="set: at most N tasks of one troth:key tag at once")
 
 
 def _local(kind: str) -> Callable[[argparse.Namespace], Request]:

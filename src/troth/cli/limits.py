@@ -9,7 +9,7 @@ from typing import Any, Final
 
 from troth.cli.remote import Remote, RemoteError
 from troth.cli.render import Renderer
-from troth.flow.limits import parse_rate
+from troth.flow.limits import parse_rate, rate_text
 
 KIND: Final = "limits"
 ACTIONS: Final = ("set", "get", "list", "delete")
@@ -19,6 +19,7 @@ examples:
   troth limits set payments --concurrency 5  # 5 of group payments at once
   troth limits set llm --rate 10/s           # 10 starts a second, one at a time
   troth limits set llm --rate 600/m --burst 20 --concurrency 8
+  troth limits set reports --concurrency 10 --per-key 2  # 2 per troth:key
   troth limits list                          # slots in use, tasks held
   troth limits get payments --json
   troth limits delete payments               # held tasks go at once
@@ -34,20 +35,22 @@ class Usage(Exception):
 
 def build(a: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     """The request ``troth limits ...`` makes: its action and body."""
-    given = {
-        k: v
-        for k, v in (("concurrency", a.concurrency), ("rate", a.rate), ("burst", a.burst))
-        if v is not None
-    }
+    caps = (
+        ("concurrency", a.concurrency),
+        ("rate", a.rate),
+        ("burst", a.burst),
+        ("perKey", a.per_key),
+    )
+    given = {k: v for k, v in caps if v is not None}
     if a.action == "list":
         if a.group or given:
-            raise Usage("limits list takes no group and no --concurrency, --rate or --burst")
+            raise Usage("limits list takes no group and no limit")
         return KIND, {"action": "list"}
     if not a.group:
         raise Usage(f"limits {a.action} needs a GROUP")
     if a.action == "set":
-        if "concurrency" not in given and "rate" not in given:
-            raise Usage("limits set needs --concurrency N, --rate R/s, or both")
+        if not given.keys() & {"concurrency", "rate", "perKey"}:
+            raise Usage("limits set needs --concurrency N, --rate R/s or --per-key N")
         if "burst" in given and "rate" not in given:
             raise Usage("--burst goes with --rate")
         if "rate" in given:
@@ -57,7 +60,7 @@ def build(a: argparse.Namespace) -> tuple[str, dict[str, Any]]:
                 raise Usage(str(exc)) from None
         return KIND, {"action": "set", "group": a.group, **given}
     if given:
-        raise Usage(f"limits {a.action} takes no --concurrency, --rate or --burst")
+        raise Usage(f"limits {a.action} takes no limit, only a GROUP")
     return KIND, {"action": a.action, "group": a.group}
 
 
@@ -104,5 +107,7 @@ def _line(limit: dict[str, Any]) -> str:
     if limit.get("concurrency") is not None:
         caps.append(f"concurrency {limit['concurrency']}")
     if limit.get("rate") is not None:
-        caps.append(f"rate {limit['rate']:g}/s burst {limit.get('burst', 1)}")
+        caps.append(f"rate {rate_text(limit['rate'])} burst {limit.get('burst', 1)}")
+    if limit.get("perKey") is not None:
+        caps.append(f"per key {limit['perKey']}")
     return f"{limit['group']}: {', '.join(caps)} ({limit['inUse']} in use, {limit['held']} held)"

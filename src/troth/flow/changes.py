@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from troth.flow.gate import admit
-from troth.flow.limits import Limit, group_of
+from troth.flow.limits import Limit, group_of, key_of
 from troth.machine.state import ACQUIRED, TASK_PENDING
 from troth.protocol.records import TAG_TARGET
 from troth.store.base import Overlay
@@ -106,6 +106,8 @@ def usage(tx: Overlay, limit: Limit) -> dict[str, Any]:
     if limit.rate is not None:
         shown["rate"] = limit.rate
         shown["burst"] = limit.bucket
+    if limit.per_key is not None:
+        shown["perKey"] = limit.per_key
     return {
         **shown,
         "inUse": tx.flow_in_use(limit.group),
@@ -130,7 +132,7 @@ def _put_right(tx: Overlay, group: str) -> None:
             if promise is None or group_of(promise.tags.get(TAG_TARGET, "")) != group:
                 continue
             if tx.flow_slot(task.id) is None:
-                tx.take_slot(task.id, group)
+                tx.take_slot(task.id, group, key_of(promise.tags))
         if len(page) < SCAN_PAGE:
             return
         after = page[-1].id

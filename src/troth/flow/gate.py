@@ -38,7 +38,16 @@ from typing import Final
 
 from msgspec.structs import replace
 
-from troth.flow.limits import Held, Limit, group_of, next_start, priority_of, take_start
+from troth.flow.limits import (
+    Held,
+    Limit,
+    group_of,
+    key_of,
+    next_start,
+    priority_of,
+    rate_text,
+    take_start,
+)
 from troth.machine.state import ACQUIRED, TASK_PENDING, Response, error
 from troth.protocol.records import PENDING, TAG_TARGET, Execute
 from troth.store.base import Overlay
@@ -46,6 +55,9 @@ from troth.store.writes import Writes
 
 #: Queued tasks one admission reads at a time.
 ADMIT_PAGE: Final = 256
+#: Queued tasks one admission passes over (their key at its ``per_key``) before it
+#: stops looking: what stays held behind them waits for the next admission.
+MAX_PASSED: Final = 1024
 
 
 class Flow:
@@ -93,7 +105,7 @@ class Flow:
                 if limit.rate is not None:  # a start: from the bucket, in debt if need be
                     tx.backend.flow_lock(group)
                     tx.set_tat(group, take_start(limit, tx.flow_tat(group), now))
-                tx.take_slot(id, group)
+                tx.take_slot(id, group, tx.key_of_task(id))
                 tx.queue(id, None)
                 continue
             if slot is not None:
@@ -109,18 +121,27 @@ class Flow:
                 if writes.withdrawn is None:
                     writes.withdrawn = set()
                 writes.withdrawn.add(id)
-                promise = tx.get_promise(id)
-                assert promise is not None  # an execute names a task of a promise
-                held = Held(
-                    id, group, execute.address, priority_of(promise.tags), promise.created_at
-                )
-                tx.queue(id, held)
+                tx.queue(id, self._queued(tx, id, group, execute.address))
                 touched.add(group)
         for group in touched:
             found = limits.get(group)
             if found is not None:
                 admit(tx, now, found)
         return None
+
+    @staticmethod
+    def _queued(tx: Overlay, id: str, group: str, address: str) -> Held:
+        """The task's place in its group's queue: the one it has (the retry timer
+        re-sending to a held task does not move it back), or a new one — its turn
+        one past its key's last, and past the last let through."""
+        queued = tx.flow_queued(id)
+        if queued is not None and queued.group == group:
+            return queued if queued.address == address else replace(queued, address=address)
+        promise = tx.get_promise(id)
+        assert promise is not None  # an execute names a task of a promise
+        key = key_of(promise.tags)
+        turn = max(tx.flow_turn(group), tx.flow_key_turn(group, key)) + 1
+        return Held(id, group, address, priority_of(promise.tags), promise.created_at, key, turn)
 
     @staticmethod
     def _group(tx: Overlay, id: str) -> str | None:
@@ -140,16 +161,26 @@ class Flow:
                     f"Task is held by the concurrency limit of group {group}: "
                     f"{in_use} of {limit.concurrency} in use",
                 )
+        counts = KeyCounts(tx, limit)
+        if limit.per_key is not None:
+            key = tx.key_of_task(id)
+            n = counts.get(key)
+            if n >= limit.per_key:
+                return error(
+                    409,
+                    f"Task is held by the per-key limit of group {group}: "
+                    f"key {key!r} has {n} of {limit.per_key} in use",
+                )
         if limit.rate is not None:
             at = next_start(limit, tx.flow_tat(group), now)
             if at > now:
                 return error(
                     409,
                     f"Task is held by the rate limit of group {group}: "
-                    f"{limit.rate:g} starts/s, the next in {math.ceil(at - now)} ms",
+                    f"{rate_text(limit.rate)}, the next start in {math.ceil(at - now)} ms",
                 )
-        first = tx.flow_held(group, 1)
-        if first and first[0].task_id != id:
+        first = next((h for h in tx.flow_held(group, ADMIT_PAGE) if not counts.full(h.key)), None)
+        if first is not None and first.task_id != id:
             return error(
                 409,
                 f"Task is held by the concurrency limit of group {group}: "
@@ -158,22 +189,54 @@ class Flow:
         return None
 
 
+class KeyCounts:
+    """Slots in use by ``troth:key`` in one group, read once per key and counted on
+    as a job lets tasks through (only while the limit has ``per_key``)."""
+
+    def __init__(self, tx: Overlay, limit: Limit) -> None:
+        self.tx = tx
+        self.limit = limit
+        self.counts: dict[str, int] = {}
+
+    def get(self, key: str) -> int:
+        n = self.counts.get(key)
+        if n is None:
+            n = self.counts[key] = self.tx.flow_key_in_use(self.limit.group, key)
+        return n
+
+    def full(self, key: str) -> bool:
+        per_key = self.limit.per_key
+        return per_key is not None and self.get(key) >= per_key
+
+    def took(self, key: str) -> None:
+        if self.limit.per_key is not None:
+            self.counts[key] = self.get(key) + 1
+
+
 def admit(tx: Overlay, now: int, limit: Limit) -> int:
-    """Let queued tasks of the limit's group through while it has slots free and
-    tokens in its bucket: each gets its ``execute`` and a slot; a queued task that is
-    no longer pending (its promise settled, or a worker took it) just leaves the
-    queue.  How many were let through."""
+    """Let queued tasks of the limit's group through, in queue order, while it has
+    slots free and tokens in its bucket: each gets its ``execute`` and a slot.  A
+    task whose key has all of its ``per_key`` slots is passed over (it keeps its
+    place); a queued task that is no longer pending (its promise settled, or a
+    worker took it) just leaves the queue.  How many were let through."""
     group = limit.group
     tx.backend.flow_lock(group)
     free = None if limit.concurrency is None else limit.concurrency - tx.flow_in_use(group)
     tat = tx.flow_tat(group) if limit.rate is not None else 0.0
-    admitted = 0
+    counts = KeyCounts(tx, limit)
+    turn = 0
+    admitted = passed = 0
     stopped = False
-    while not stopped and (free is None or free > 0):
-        page = tx.flow_held(group, ADMIT_PAGE if free is None else min(free, ADMIT_PAGE))
+    while not stopped and (free is None or free > 0) and passed < MAX_PASSED:
+        size = ADMIT_PAGE if free is None or limit.per_key is not None else min(free, ADMIT_PAGE)
+        # Tasks let through or gone leave the queue (this job's view of it): what
+        # is still ahead is what was passed over.
+        page = tx.flow_held(group, size, passed)
         if not page:
             break
         for held in page:
+            if free is not None and free <= 0:
+                break
             task = tx.get_task(held.task_id)
             promise = tx.get_promise(held.task_id)
             if (
@@ -185,6 +248,9 @@ def admit(tx: Overlay, now: int, limit: Limit) -> int:
                 or tx.flow_slot(held.task_id) is not None
             ):
                 tx.queue(held.task_id, None)
+                continue
+            if counts.full(held.key):
+                passed += 1
                 continue
             if limit.rate is not None:
                 at = next_start(limit, tat, now)
@@ -200,10 +266,15 @@ def admit(tx: Overlay, now: int, limit: Limit) -> int:
             tx.set_message(held.address, Execute(task_id=task.id, version=task.version))
             if tx.writes.withdrawn:
                 tx.writes.withdrawn.discard(task.id)  # its new row replaces the old
-            tx.take_slot(task.id, group)
+            tx.take_slot(task.id, group, held.key)
+            counts.took(held.key)
+            turn = max(turn, held.turn)
             if free is not None:
                 free -= 1
             admitted += 1
-    if admitted and limit.rate is not None:
-        tx.set_tat(group, tat)
+    if admitted:
+        if limit.rate is not None:
+            tx.set_tat(group, tat)
+        if turn > tx.flow_turn(group):
+            tx.set_turn(group, turn)
     return admitted

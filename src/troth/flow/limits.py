@@ -15,6 +15,7 @@ restart and every node sees the same ones.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Final
 
 import msgspec
@@ -24,8 +25,11 @@ from troth.protocol.records import Tags
 
 #: The tag that orders a group's held tasks (an integer as a string; higher first).
 TAG_PRIORITY: Final = "troth:priority"
-#: The tag that names a task's fairness key (reserved for per-key limits).
+#: The tag that names a task's fairness key (``--per-key``, round-robin across keys).
 TAG_KEY: Final = "troth:key"
+#: Longest key kept as written (UTF-8 bytes); a longer one is kept as its SHA-256,
+#: so that an index entry stays small (PostgreSQL refuses one past ~2700 bytes).
+MAX_KEY: Final = 200
 #: Longest group name a limit takes (as the longest poll group the server serves).
 MAX_GROUP: Final = 256
 #: Largest concurrency a limit takes.
@@ -49,6 +53,8 @@ class Limit(msgspec.Struct, frozen=True, omit_defaults=True):
     concurrency: int | None = None
     rate: float | None = None
     burst: int | None = None
+    #: At most this many tasks of one ``troth:key`` hold a slot at once.
+    per_key: int | None = None
 
     @property
     def bucket(self) -> int:
@@ -60,6 +66,10 @@ class Limit(msgspec.Struct, frozen=True, omit_defaults=True):
         one token)."""
         assert self.rate is not None
         return 1000.0 / self.rate
+
+
+#: The caps an entry of the ``flow_limits`` setting names.
+CAPS: Final = ("concurrency", "rate", "burst", "per_key")
 
 
 def parse_limits(text: str) -> list[Limit]:
@@ -75,9 +85,9 @@ def parse_limits(text: str) -> list[Limit]:
         for part in filter(None, (p.strip() for p in caps.split(","))):
             key, equals, value = part.partition("=")
             key = key.strip()
-            if not equals or key not in ("concurrency", "rate", "burst") or key in given:
+            if not equals or key not in CAPS or key in given:
                 raise ValueError(
-                    f"flow_limits: {part!r} in {entry!r}: use concurrency=, rate=, burst="
+                    f"flow_limits: {part!r} in {entry!r}: use concurrency=, rate=, burst=, per_key="
                 )
             given[key] = value.strip()
         try:
@@ -86,6 +96,7 @@ def parse_limits(text: str) -> list[Limit]:
                 _integer(given.get("concurrency")),
                 given.get("rate"),
                 _integer(given.get("burst")),
+                _integer(given.get("per_key")),
             )
         except ValueError as exc:
             raise ValueError(f"flow_limits: {entry!r}: {exc}") from None
@@ -118,7 +129,11 @@ def _integer(value: str | None) -> int | None:
 
 
 def stored_limit(
-    group: str, concurrency: int | None, rate: float | None, burst: int | None
+    group: str,
+    concurrency: int | None,
+    rate: float | None,
+    burst: int | None,
+    per_key: int | None = None,
 ) -> Limit:
     """A limit from its row (``flow_limits``)."""
     capped = None if concurrency is None or int(concurrency) >= UNCAPPED else int(concurrency)
@@ -127,14 +142,38 @@ def stored_limit(
         capped,
         None if rate is None else float(rate),
         None if burst is None else int(burst),
+        None if per_key is None else int(per_key),
     )
 
 
-def limit_row(limit: Limit, now: int) -> tuple[str, int, float | None, int | None, int]:
+def limit_row(limit: Limit, now: int) -> tuple[str, int, float | None, int | None, int | None, int]:
     """The row of ``flow_limits`` a limit is stored as (grp, concurrency, rate, burst,
-    updated_at): a rate-only limit's concurrency reads as no cap (:data:`UNCAPPED`)."""
+    per_key, updated_at): without a concurrency it reads as no cap (:data:`UNCAPPED`)
+    to a node of a release before rates and keys."""
     concurrency = UNCAPPED if limit.concurrency is None else limit.concurrency
-    return (limit.group, concurrency, limit.rate, limit.burst, now)
+    return (limit.group, concurrency, limit.rate, limit.burst, limit.per_key, now)
+
+
+def held_row(held: Held) -> tuple[str, str, str, int, int, str, int]:
+    """The row of ``flow_held`` a queued task is stored as."""
+    return (
+        held.task_id,
+        held.group,
+        held.address,
+        held.priority,
+        held.created_at,
+        held.key,
+        held.turn,
+    )
+
+
+def stored_held(
+    task_id: str, group: str, address: str, priority: int, created_at: int, key: str, turn: int
+) -> Held:
+    """A queued task from its row (``flow_held``)."""
+    return Held(
+        str(task_id), str(group), str(address), int(priority), int(created_at), str(key), int(turn)
+    )
 
 
 def next_start(limit: Limit, tat: float, now: int) -> float:
@@ -153,18 +192,32 @@ def take_start(limit: Limit, tat: float, now: int) -> float:
 
 class Held(msgspec.Struct, frozen=True):
     """A task waiting for a slot of its group: where its ``execute`` goes once
-    admitted, and its place in the queue (priority, then creation, then id)."""
+    admitted, and its place in the queue (priority, then turn, then creation, then
+    id).  Its *turn* is one past the last queued task of its key (and at least one
+    past the group's last let through), so that keys take turns: a key with ten
+    thousand tasks queued does not starve a key with one."""
 
     task_id: str
     group: str
     address: str
     priority: int
     created_at: int
+    key: str = ""
+    turn: int = 0
 
 
-def held_order(held: Held) -> tuple[int, int, str]:
-    """A queued task's place: higher priority first, then first created, then id."""
-    return (-held.priority, held.created_at, held.task_id)
+def held_order(held: Held) -> tuple[int, int, int, str]:
+    """A queued task's place: higher priority first, then its turn, then first
+    created, then id."""
+    return (-held.priority, held.turn, held.created_at, held.task_id)
+
+
+def key_of(tags: Tags) -> str:
+    """``troth:key`` as kept (a long one by its SHA-256); "" when absent."""
+    value = tags.get(TAG_KEY, "")
+    if len(value.encode()) <= MAX_KEY:
+        return value
+    return "sha256:" + hashlib.sha256(value.encode()).hexdigest()
 
 
 def group_of(address: str) -> str | None:
@@ -209,8 +262,21 @@ def parse_rate(value: object) -> float | None:
     return rate
 
 
+def rate_text(rate: float) -> str:
+    """A rate as people write it: ``10/s``, ``6/m``, ``2/h`` (the unit that makes it
+    at least one, rounded to 4 significant digits)."""
+    for per, unit in ((1.0, "s"), (60.0, "m")):
+        if rate * per >= 1:
+            return f"{rate * per:.4g}/{unit}"
+    return f"{rate * 3600:.4g}/h"
+
+
 def check_limit(
-    group: str, concurrency: object, rate: object = None, burst: object = None
+    group: str,
+    concurrency: object,
+    rate: object = None,
+    burst: object = None,
+    per_key: object = None,
 ) -> Limit:
     """A limit from an operator's input, or ValueError saying what is wrong."""
     if not isinstance(group, str) or not group.strip():
@@ -234,6 +300,11 @@ def check_limit(
             raise ValueError("burst must be an integer")
         if not 1 <= burst <= MAX_BURST:
             raise ValueError(f"burst must be between 1 and {MAX_BURST}")
-    if concurrency is None and per_second is None:
-        raise ValueError("a limit needs a concurrency, a rate, or both")
-    return Limit(group, concurrency, per_second, burst)
+    if per_key is not None:
+        if isinstance(per_key, bool) or not isinstance(per_key, int):
+            raise ValueError("per-key must be an integer")
+        if not 1 <= per_key <= MAX_CONCURRENCY:
+            raise ValueError(f"per-key must be between 1 and {MAX_CONCURRENCY}")
+    if concurrency is None and per_second is None and per_key is None:
+        raise ValueError("a limit needs a concurrency, a rate, a per-key limit, or some of them")
+    return Limit(group, concurrency, per_second, burst, per_key)

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
+from troth.flow.limits import rate_text
 from troth.ops.facts import DELIVERIES_PER_TASK, Facts, HeldFact
 from troth.ops.times import instant, relative, span
 from troth.ops.workers import ClusterView
@@ -398,7 +399,13 @@ class _Walker:
         goes to it until a slot frees and the tasks before it have theirs."""
         f.reason = "held_by_limit"
         ahead = counted(held.ahead, "task")
-        if held.concurrency is not None and (held.rate is None or held.in_use >= held.concurrency):
+        full = held.concurrency is not None and held.in_use >= held.concurrency
+        if held.per_key is not None and not full and held.key_in_use >= held.per_key:
+            f.text = (
+                f"held by the per-key limit of group `{held.group}`: key `{held.key}` has "
+                f"{held.key_in_use:,} of {held.per_key:,} in use, {ahead} ahead"
+            )
+        elif held.concurrency is not None and (held.rate is None or full):
             f.text = (
                 f"held by the concurrency limit of group `{held.group}`: "
                 f"{held.in_use:,} of {held.concurrency:,} in use, {ahead} ahead"
@@ -406,7 +413,7 @@ class _Walker:
         else:
             f.text = (
                 f"held by the rate limit of group `{held.group}`: "
-                f"{held.rate:g} starts/s, {ahead} ahead"
+                f"{rate_text(held.rate or 0.0)}, {ahead} ahead"
             )
         if held.priority:
             f.text += f" (its troth:priority {held.priority})"
@@ -419,6 +426,10 @@ class _Walker:
         }
         if held.rate is not None:
             f.evidence["limit"]["rate"] = held.rate
+        if held.per_key is not None:
+            f.evidence["limit"]["perKey"] = held.per_key
+            f.evidence["limit"]["key"] = held.key
+            f.evidence["limit"]["keyInUse"] = held.key_in_use
 
     # -- nats:// ---------------------------------------------------------------------
 

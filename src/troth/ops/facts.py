@@ -36,6 +36,10 @@ class HeldFact:
     priority: int
     #: The group's rate (starts per second), when it has one.
     rate: float | None = None
+    #: The task's ``troth:key`` with its slots in use, and the group's ``per_key``.
+    key: str = ""
+    key_in_use: int = 0
+    per_key: int | None = None
 
 
 @dataclass
@@ -101,6 +105,15 @@ def _held(ins: Inspection, facts: Facts) -> None:
         use = limits.get(h.group)
         if use is not None:
             ahead = ins.held_ahead(h)
+            key_in_use = ins.key_in_use(h.group, h.key) if use.per_key is not None else 0
             facts.held[id] = HeldFact(
-                h.group, use.concurrency, use.in_use, ahead, h.priority, use.rate
+                h.group,
+                use.concurrency,
+                use.in_use,
+                ahead,
+                h.priority,
+                use.rate,
+                h.key,
+                key_in_use,
+                use.per_key,
             )

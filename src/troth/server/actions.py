@@ -5,8 +5,8 @@
                            (server/cancel.py; ``troth cancel``)
 ``POST /ops/outbox/retry`` ``{"target"?, "since"?, "dryRun"?}``: failed deliveries
                            offered again with fresh attempts (``troth outbox retry``)
-``POST /ops/limits/set``   ``{"group", "concurrency", "rate", "burst"}``: set a worker
-                           group's limit (a concurrency, a rate, or both)
+``POST /ops/limits/set``   ``{"group", "concurrency", "rate", "burst", "perKey"}``: set
+                           a worker group's limit
                            (``troth limits set``; ``troth/flow``)
 ``POST /ops/limits/delete`` ``{"group"}``: delete it; its queued tasks go at once
 ``GET /ops/limits``        every limit with its use (``troth limits list``)
@@ -53,6 +53,8 @@ class LimitBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     #: Starts per second (a number) or ``"R/s"``, ``"R/m"``, ``"R/h"``.
     rate: float | str | None = None
     burst: int | None = None
+    #: At most this many tasks of one ``troth:key`` at once.
+    per_key: int | None = msgspec.field(default=None, name="perKey")
 
 
 class CancelBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -124,7 +126,7 @@ class OperatorActions:
 
     async def set_limit(self, body: bytes) -> Any:
         req = msgspec.json.decode(body or b"{}", type=LimitBody)
-        limit = check_limit(req.group, req.concurrency, req.rate, req.burst)
+        limit = check_limit(req.group, req.concurrency, req.rate, req.burst, req.per_key)
         now = self.engine.clock()
         answer = await self.engine.run(set_limit(limit, now), now)
         self.engine.flow.limits = {**self.engine.flow.limits, limit.group: limit}
@@ -132,7 +134,7 @@ class OperatorActions:
 
     async def delete_limit(self, body: bytes) -> Any:
         req = msgspec.json.decode(body or b"{}", type=LimitBody)
-        if (req.concurrency, req.rate, req.burst) != (None, None, None):
+        if (req.concurrency, req.rate, req.burst, req.per_key) != (None, None, None, None):
             raise ValueError("delete takes only a group")
         now = self.engine.clock()
         answer = await self.engine.run(delete_limit(req.group, now), now)

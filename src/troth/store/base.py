@@ -21,7 +21,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from troth.flow.limits import Held, Limit, held_order
+from troth.flow.limits import Held, Limit, held_order, key_of
 from troth.outbox.rows import OutboxLifecycle, OutboxRow
 from troth.protocol.records import (
     TAG_BRANCH,
@@ -123,9 +123,26 @@ class Backend(ABC):
         """The tasks that hold a slot of ``group``, by id."""
         raise NotImplementedError(f"{type(self).__name__} keeps no limits")
 
-    def flow_held(self, group: str, limit: int) -> list[Held]:
-        """The first ``limit`` tasks queued for a slot of ``group``, in queue order:
-        higher priority first, then first created, then by id."""
+    def flow_held(self, group: str, limit: int, offset: int = 0) -> list[Held]:
+        """``limit`` tasks queued for a slot of ``group``, in queue order (higher
+        priority first, then turn, then first created, then by id), after the first
+        ``offset``."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no limits")
+
+    def flow_queued(self, task_id: str) -> Held | None:
+        """The task's place in its group's queue, or None: it is not queued."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no limits")
+
+    def flow_key_in_use(self, group: str, key: str) -> int:
+        """How many tasks of ``key`` hold a slot of ``group``."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no limits")
+
+    def flow_key_turn(self, group: str, key: str) -> int:
+        """The last turn of the tasks of ``key`` queued in ``group`` (0: none)."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no limits")
+
+    def flow_turn(self, group: str) -> int:
+        """The turn of the last task of ``group`` let through (0: none yet)."""
         raise NotImplementedError(f"{type(self).__name__} keeps no limits")
 
     def flow_held_count(self, group: str) -> int:
@@ -244,12 +261,50 @@ class Overlay:
             n += (now_in == group) - (before == group)
         return n
 
-    def flow_held(self, group: str, limit: int) -> list[Held]:
+    def flow_held(self, group: str, limit: int, offset: int = 0) -> list[Held]:
         mine = self.writes.held or {}
-        stored = self.backend.flow_held(group, limit + len(mine))
+        stored = self.backend.flow_held(group, offset + limit + len(mine))
         found = [h for h in stored if h.task_id not in mine]
         found += [h for h in mine.values() if h is not None and h.group == group]
-        return sorted(found, key=held_order)[:limit]
+        return sorted(found, key=held_order)[offset : offset + limit]
+
+    def flow_queued(self, task_id: str) -> Held | None:
+        held = self.writes.held
+        if held is not None and task_id in held:
+            return held[task_id]
+        return self.backend.flow_queued(task_id)
+
+    def flow_key_in_use(self, group: str, key: str) -> int:
+        n = self.backend.flow_key_in_use(group, key)
+        for task_id, now_in in (self.writes.slots or {}).items():
+            if self.key_of_task(task_id) == key:
+                before = self.backend.flow_slot(task_id)
+                n += (now_in == group) - (before == group)
+        return n
+
+    def key_of_task(self, task_id: str) -> str:
+        """The ``troth:key`` of the task's promise ("" without one)."""
+        promise = self.get_promise(task_id)
+        return "" if promise is None else key_of(promise.tags)
+
+    def flow_key_turn(self, group: str, key: str) -> int:
+        turn = self.backend.flow_key_turn(group, key)
+        for held in (self.writes.held or {}).values():
+            if held is not None and held.group == group and held.key == key:
+                turn = max(turn, held.turn)
+        return turn
+
+    def flow_turn(self, group: str) -> int:
+        turns = self.writes.turns
+        if turns is not None and group in turns:
+            return turns[group]
+        return self.backend.flow_turn(group)
+
+    def set_turn(self, group: str, turn: int) -> None:
+        """The turn of the last task of ``group`` let through, after this job."""
+        if self.writes.turns is None:
+            self.writes.turns = {}
+        self.writes.turns[group] = turn
 
     def flow_tat(self, group: str) -> float:
         tats = self.writes.tats
@@ -263,11 +318,16 @@ class Overlay:
             self.writes.tats = {}
         self.writes.tats[group] = tat
 
-    def take_slot(self, task_id: str, group: str | None) -> None:
-        """The task holds a slot of ``group`` from now on (None: it frees its slot)."""
+    def take_slot(self, task_id: str, group: str | None, key: str = "") -> None:
+        """The task holds a slot of ``group`` from now on (None: it frees its slot),
+        counted against ``key`` (its ``troth:key``)."""
         if self.writes.slots is None:
             self.writes.slots = {}
         self.writes.slots[task_id] = group
+        if key and group is not None:
+            if self.writes.slot_keys is None:
+                self.writes.slot_keys = {}
+            self.writes.slot_keys[task_id] = key
 
     def queue(self, task_id: str, held: Held | None) -> None:
         """Queue the task for a slot (None: take it out of the queue)."""

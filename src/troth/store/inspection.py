@@ -17,7 +17,7 @@ from typing import Any, Final, cast
 
 import msgspec
 
-from troth.flow.limits import Held, stored_limit
+from troth.flow.limits import Held, stored_held, stored_limit
 from troth.outbox.rows import OutboxRow
 from troth.protocol.records import PENDING, TAG_ORIGIN, Promise, Schedule, Tags, Task
 from troth.store.codec import OUTBOX_COLS, PROMISE_COLS, SCHEDULE_COLS, TASK_COLS, RowCodec
@@ -35,7 +35,7 @@ TREE_LIMIT: Final = 5000
 
 Counts = dict[str, dict[str, int]]
 #: A queued task's columns (``flow.limits.Held``'s fields, in order).
-HELD_COLS: Final = "task_id, grp, address, priority, created_at"
+HELD_COLS: Final = "task_id, grp, address, priority, created_at, fkey, turn"
 #: Promises one tag search looks at per call (``Inspection.search``).
 SEARCH_WINDOW: Final = 10_000
 #: Promises one read of a search's window brings (it stops early on a full page).
@@ -62,6 +62,7 @@ class LimitUse:
     in_use: int
     held: int
     rate: float | None = None
+    per_key: int | None = None
 
 
 class Inspection(ABC):
@@ -184,9 +185,14 @@ class Inspection(ABC):
         """The tasks of ``ids`` queued for a slot of their group, by id."""
         return {}
 
+    def key_in_use(self, group: str, key: str) -> int:
+        """How many tasks of ``key`` hold a slot of ``group``."""
+        return 0
+
     def held_ahead(self, held: Held) -> int:
         """How many tasks of its group are queued before ``held``: higher priority,
-        then created earlier, then a smaller id (``flow.limits.held_order``)."""
+        then an earlier turn, then created earlier, then a smaller id
+        (``flow.limits.held_order``)."""
         return 0
 
 
@@ -297,8 +303,9 @@ class SqlInspection(Inspection):
                 int(u),
                 int(h),
                 None if r is None else float(r),
+                None if k is None else int(k),
             )
-            for g, c, r, u, h in self._all("limits")
+            for g, c, r, k, u, h in self._all("limits")
         ]
 
     def held(self, ids: Sequence[str]) -> dict[str, Held]:
@@ -309,13 +316,17 @@ class SqlInspection(Inspection):
             marks = ", ".join([self.mark] * len(chunk))
             sql = f"SELECT {HELD_COLS} FROM flow_held WHERE task_id IN ({marks})"
             for r in self.cur.execute(sql, chunk).fetchall():
-                h = Held(str(r[0]), str(r[1]), str(r[2]), int(r[3]), int(r[4]))
+                h = stored_held(*r)
                 found[h.task_id] = h
         return found
 
+    def key_in_use(self, group: str, key: str) -> int:
+        r = self._one("key_in_use", group, key)
+        return int(r[0]) if r is not None else 0
+
     def held_ahead(self, held: Held) -> int:
-        g, pr, at, id = held.group, held.priority, held.created_at, held.task_id
-        r = self._one("held_ahead", g, pr, pr, at, at, id)
+        g, pr, turn, at, id = held.group, held.priority, held.turn, held.created_at, held.task_id
+        r = self._one("held_ahead", g, pr, pr, turn, turn, at, at, id)
         return int(r[0]) if r is not None else 0
 
     def counts(self) -> Counts:
@@ -376,14 +387,16 @@ def _queries(p: str) -> dict[str, str]:
         # Flow control: each limit with a count of its slots and of its queue (both
         # index ranges: flow_slots_grp, flow_held_order).
         "limits": (
-            "SELECT l.grp, l.concurrency, l.rate,"
+            "SELECT l.grp, l.concurrency, l.rate, l.per_key,"
             " (SELECT count(*) FROM flow_slots s WHERE s.grp = l.grp),"
             " (SELECT count(*) FROM flow_held h WHERE h.grp = l.grp)"
             " FROM flow_limits l ORDER BY l.grp"
         ),
-        # The queue before a held task, in flow_held_order's order.
+        "key_in_use": f"SELECT count(*) FROM flow_slots WHERE grp = {p} AND fkey = {p}",
+        # The queue before a held task, in flow_held_turn's order.
         "held_ahead": (
             f"SELECT count(*) FROM flow_held WHERE grp = {p} AND (priority > {p}"
-            f" OR (priority = {p} AND (created_at < {p} OR (created_at = {p} AND task_id < {p}))))"
+            f" OR (priority = {p} AND (turn < {p} OR (turn = {p} AND (created_at < {p}"
+            f" OR (created_at = {p} AND task_id < {p}))))))"
         ),
     }

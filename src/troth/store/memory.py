@@ -77,6 +77,9 @@ class MemoryBackend(Backend):
         self.in_use: collections.Counter[str] = collections.Counter()
         self.queued: dict[str, Held] = {}
         self.tats: dict[str, float] = {}
+        self.turns: dict[str, int] = {}
+        #: The ``troth:key`` of a slot, by task id (where it has one).
+        self.slot_keys: dict[str, str] = {}
 
     # -- reads ------------------------------------------------------------------
 
@@ -107,9 +110,24 @@ class MemoryBackend(Backend):
     def flow_slots_of(self, group: str) -> list[str]:
         return sorted(t for t, g in self.slots.items() if g == group)
 
-    def flow_held(self, group: str, limit: int) -> list[Held]:
+    def flow_held(self, group: str, limit: int, offset: int = 0) -> list[Held]:
         mine = [h for h in self.queued.values() if h.group == group]
-        return sorted(mine, key=held_order)[:limit]
+        return sorted(mine, key=held_order)[offset : offset + limit]
+
+    def flow_queued(self, task_id: str) -> Held | None:
+        return self.queued.get(task_id)
+
+    def flow_key_in_use(self, group: str, key: str) -> int:
+        return sum(
+            1 for t, g in self.slots.items() if g == group and self.slot_keys.get(t, "") == key
+        )
+
+    def flow_key_turn(self, group: str, key: str) -> int:
+        turns = [h.turn for h in self.queued.values() if h.group == group and h.key == key]
+        return max(turns, default=0)
+
+    def flow_turn(self, group: str) -> int:
+        return self.turns.get(group, 0)
 
     def flow_held_count(self, group: str) -> int:
         return sum(1 for h in self.queued.values() if h.group == group)
@@ -242,13 +260,17 @@ class MemoryBackend(Backend):
             old_id = self.pending_by_key.pop(key, None)
             if old_id is not None:
                 self.outbox.pop(old_id, None)
+        keys = writes.slot_keys or {}
         for task_id, group in (writes.slots or {}).items():
             old = self.slots.pop(task_id, None)
+            self.slot_keys.pop(task_id, None)
             if old is not None:
                 self.in_use[old] -= 1
             if group is not None:
                 self.slots[task_id] = group
                 self.in_use[group] += 1
+                if task_id in keys:
+                    self.slot_keys[task_id] = keys[task_id]
         for task_id, held in (writes.held or {}).items():
             if held is None:
                 self.queued.pop(task_id, None)
@@ -259,13 +281,18 @@ class MemoryBackend(Backend):
                 self.limits.pop(group, None)
                 for task_id in [t for t, g in self.slots.items() if g == group]:
                     del self.slots[task_id]
+                    self.slot_keys.pop(task_id, None)
                 self.in_use.pop(group, None)
                 self.tats.pop(group, None)
+                self.turns.pop(group, None)
             else:
                 self.limits[group] = limit
         for group, tat in (writes.tats or {}).items():
             if group in self.limits:
                 self.tats[group] = tat
+        for group, turn in (writes.turns or {}).items():
+            if group in self.limits:
+                self.turns[group] = turn
 
     def snapshot(self) -> dict[str, Any]:
         return snapshot(
@@ -512,7 +539,12 @@ class MemoryInspection(Inspection):
         b = self.b
         return [
             LimitUse(
-                g, b.limits[g].concurrency, b.in_use[g], b.flow_held_count(g), b.limits[g].rate
+                g,
+                b.limits[g].concurrency,
+                b.in_use[g],
+                b.flow_held_count(g),
+                b.limits[g].rate,
+                b.limits[g].per_key,
             )
             for g in sorted(b.limits)
         ]
@@ -520,6 +552,9 @@ class MemoryInspection(Inspection):
     def held(self, ids: Sequence[str]) -> dict[str, Held]:
         queued = self.b.queued
         return {id: queued[id] for id in ids if id in queued}
+
+    def key_in_use(self, group: str, key: str) -> int:
+        return self.b.flow_key_in_use(group, key)
 
     def held_ahead(self, held: Held) -> int:
         place = held_order(held)

@@ -35,6 +35,10 @@ class Writes:
     #: The token buckets of rate limits after this job's starts, by group (the
     #: *theoretical arrival time* in ms, ``flow.limits.next_start``).
     tats: dict[str, float] | None = None
+    #: The ``troth:key`` of a slot taken (``slots``), by task id, where it has one.
+    slot_keys: dict[str, str] | None = None
+    #: The turn of the last task let through, by group (``flow.limits.Held``).
+    turns: dict[str, int] | None = None
     #: Keys whose pending outbox message is withdrawn (a task queued for a slot:
     #: an ``execute`` written for it earlier and not yet sent goes too).
     withdrawn: set[str] | None = None
@@ -50,8 +54,11 @@ class Writes:
             or self.limits
             or self.withdrawn
             or self.tats
+            or self.turns
         )
 
     def has_flow(self) -> bool:
         """Whether the job changed anything of flow control (``troth/flow``)."""
-        return bool(self.slots or self.held or self.limits or self.withdrawn or self.tats)
+        return bool(
+            self.slots or self.held or self.limits or self.withdrawn or self.tats or self.turns
+        )

@@ -13,7 +13,7 @@ from typing import Any, Final, TypeVar, cast
 import psycopg
 from psycopg.pq import TransactionStatus
 
-from troth.flow.limits import Held, Limit, limit_row, stored_limit
+from troth.flow.limits import Held, Limit, held_row, limit_row, stored_held, stored_limit
 from troth.protocol.records import (
     PENDING,
     TAG_ORIGIN,
@@ -535,10 +535,30 @@ class PostgresBackend(Backend):
         self.flush()
         return [str(r[0]) for r in self.cur.execute(Q["flow_slots_of"], (group,)).fetchall()]
 
-    def flow_held(self, group: str, limit: int) -> list[Held]:
+    def flow_held(self, group: str, limit: int, offset: int = 0) -> list[Held]:
         self.flush()
-        rows = self.cur.execute(Q["flow_held"], (group, limit)).fetchall()
-        return [Held(str(t), str(g), str(a), int(p), int(c)) for t, g, a, p, c in rows]
+        rows = self.cur.execute(Q["flow_held"], (group, limit, offset)).fetchall()
+        return [stored_held(*row) for row in rows]
+
+    def flow_queued(self, task_id: str) -> Held | None:
+        self.flush()
+        r = self.cur.execute(Q["flow_queued"], (task_id,)).fetchone()
+        return None if r is None else stored_held(*r)
+
+    def flow_key_in_use(self, group: str, key: str) -> int:
+        self.flush()
+        r = self.cur.execute(Q["flow_key_in_use"], (group, key)).fetchone()
+        return 0 if r is None else int(r[0])
+
+    def flow_key_turn(self, group: str, key: str) -> int:
+        self.flush()
+        r = self.cur.execute(Q["flow_key_turn"], (group, key)).fetchone()
+        return 0 if r is None or r[0] is None else int(r[0])
+
+    def flow_turn(self, group: str) -> int:
+        self.flush()
+        r = self.cur.execute(Q["flow_turn"], (group,)).fetchone()
+        return 0 if r is None else int(r[0])
 
     def flow_held_count(self, group: str) -> int:
         self.flush()
@@ -553,18 +573,19 @@ class PostgresBackend(Backend):
         for key in sorted(writes.withdrawn or ()):
             self.pending_messages.pop(key, None)
             statements.append((Q["flow_withdraw"], (key,)))
+        keys = writes.slot_keys or {}
         for task_id, group in sorted((writes.slots or {}).items()):
             self.slots[task_id] = group
             if group is None:
                 statements.append((Q["flow_delete_slot"], (task_id,)))
             else:
-                statements.append((Q["flow_put_slot"], (task_id, group)))
+                row = (task_id, group, keys.get(task_id, ""))
+                statements.append((Q["flow_put_slot"], row))
         for task_id, held in sorted((writes.held or {}).items()):
             if held is None:
                 statements.append((Q["flow_delete_held"], (task_id,)))
             else:
-                row = (held.task_id, held.group, held.address, held.priority, held.created_at)
-                statements.append((Q["flow_put_held"], row))
+                statements.append((Q["flow_put_held"], held_row(held)))
         for group, limit in sorted((writes.limits or {}).items()):
             if limit is None:
                 statements.append((Q["flow_delete_limit"], (group,)))
@@ -574,6 +595,8 @@ class PostgresBackend(Backend):
                 statements.append((Q["flow_put_limit"], limit_row(limit, now)))
         for group, tat in sorted((writes.tats or {}).items()):
             statements.append((Q["flow_put_tat"], (tat, group)))
+        for group, turn in sorted((writes.turns or {}).items()):
+            statements.append((Q["flow_put_turn"], (turn, group)))
         return statements
 
     def _scan_rows(

@@ -400,7 +400,7 @@ UPDATE promises SET trace = t.trace FROM unnest(%b::text[], %b::text[]) AS t (id
 -- limit row (flow_lock): two nodes' admissions to one group take turns, so the count
 -- each reads is exact.
 -- name: flow_limits
-SELECT grp, concurrency, rate, burst FROM flow_limits ORDER BY grp
+SELECT grp, concurrency, rate, burst, per_key FROM flow_limits ORDER BY grp
 
 -- name: flow_lock
 SELECT grp FROM flow_limits WHERE grp = %s FOR UPDATE
@@ -415,33 +415,53 @@ SELECT count(*) FROM flow_slots WHERE grp = %s
 SELECT task_id FROM flow_slots WHERE grp = %s ORDER BY task_id
 
 -- name: flow_held
-SELECT task_id, grp, address, priority, created_at FROM flow_held
-WHERE grp = %s ORDER BY priority DESC, created_at, task_id LIMIT %s
+SELECT task_id, grp, address, priority, created_at, fkey, turn FROM flow_held
+WHERE grp = %s ORDER BY priority DESC, turn, created_at, task_id LIMIT %s OFFSET %s
+
+-- name: flow_queued
+SELECT task_id, grp, address, priority, created_at, fkey, turn FROM flow_held
+WHERE task_id = %s
+
+-- The last turn of a key's queued tasks (flow_held_key), and the group's: the turn of
+-- the last task let through.
+-- name: flow_key_turn
+SELECT max(turn) FROM flow_held WHERE grp = %s AND fkey = %s
+
+-- name: flow_turn
+SELECT turn FROM flow_limits WHERE grp = %s
+
+-- name: flow_put_turn
+UPDATE flow_limits SET turn = %s WHERE grp = %s
+
+-- name: flow_key_in_use
+SELECT count(*) FROM flow_slots WHERE grp = %s AND fkey = %s
 
 -- name: flow_held_count
 SELECT count(*) FROM flow_held WHERE grp = %s
 
 -- name: flow_put_slot
-INSERT INTO flow_slots (task_id, grp) VALUES (%s, %s)
-ON CONFLICT (task_id) DO UPDATE SET grp = excluded.grp
+INSERT INTO flow_slots (task_id, grp, fkey) VALUES (%s, %s, %s)
+ON CONFLICT (task_id) DO UPDATE SET grp = excluded.grp, fkey = excluded.fkey
 
 -- name: flow_delete_slot
 DELETE FROM flow_slots WHERE task_id = %s
 
 -- name: flow_put_held
-INSERT INTO flow_held (task_id, grp, address, priority, created_at)
-VALUES (%s, %s, %s, %s, %s)
+INSERT INTO flow_held (task_id, grp, address, priority, created_at, fkey, turn)
+VALUES (%s, %s, %s, %s, %s, %s, %s)
 ON CONFLICT (task_id) DO UPDATE SET grp = excluded.grp, address = excluded.address,
-    priority = excluded.priority, created_at = excluded.created_at
+    priority = excluded.priority, created_at = excluded.created_at, fkey = excluded.fkey,
+    turn = excluded.turn
 
 -- name: flow_delete_held
 DELETE FROM flow_held WHERE task_id = %s
 
 -- name: flow_put_limit
-INSERT INTO flow_limits (grp, concurrency, rate, burst, updated_at)
-VALUES (%s, %s, %s, %s, %s)
+INSERT INTO flow_limits (grp, concurrency, rate, burst, per_key, updated_at)
+VALUES (%s, %s, %s, %s, %s, %s)
 ON CONFLICT (grp) DO UPDATE SET concurrency = excluded.concurrency,
-    rate = excluded.rate, burst = excluded.burst, updated_at = excluded.updated_at
+    rate = excluded.rate, burst = excluded.burst, per_key = excluded.per_key,
+    updated_at = excluded.updated_at
 
 -- A rate limit's token bucket: the theoretical arrival time of the next start (ms).
 -- name: flow_tat

@@ -164,7 +164,7 @@ UPDATE promises SET trace = ? WHERE id = ? AND trace IS NULL
 
 -- Flow control (troth/flow): read and written only while some group has a limit.
 -- name: flow_limits
-SELECT grp, concurrency, rate, burst FROM flow_limits ORDER BY grp
+SELECT grp, concurrency, rate, burst, per_key FROM flow_limits ORDER BY grp
 
 -- name: flow_slot
 SELECT grp FROM flow_slots WHERE task_id = ?
@@ -173,32 +173,53 @@ SELECT grp FROM flow_slots WHERE task_id = ?
 SELECT count(*) FROM flow_slots WHERE grp = ?
 
 -- name: flow_held
-SELECT task_id, grp, address, priority, created_at FROM flow_held
-WHERE grp = ? ORDER BY priority DESC, created_at, task_id LIMIT ?
+SELECT task_id, grp, address, priority, created_at, fkey, turn FROM flow_held
+WHERE grp = ? ORDER BY priority DESC, turn, created_at, task_id LIMIT ? OFFSET ?
+
+-- name: flow_queued
+SELECT task_id, grp, address, priority, created_at, fkey, turn FROM flow_held
+WHERE task_id = ?
+
+-- The last turn of a key's queued tasks (flow_held_key), and the group's: the turn of
+-- the last task let through.
+-- name: flow_key_turn
+SELECT max(turn) FROM flow_held WHERE grp = ? AND fkey = ?
+
+-- name: flow_turn
+SELECT turn FROM flow_limits WHERE grp = ?
+
+-- name: flow_put_turn
+UPDATE flow_limits SET turn = ? WHERE grp = ?
+
+-- name: flow_key_in_use
+SELECT count(*) FROM flow_slots WHERE grp = ? AND fkey = ?
 
 -- name: flow_held_count
 SELECT count(*) FROM flow_held WHERE grp = ?
 
 -- name: flow_put_slot
-INSERT INTO flow_slots (task_id, grp) VALUES (?, ?)
-ON CONFLICT (task_id) DO UPDATE SET grp = excluded.grp
+INSERT INTO flow_slots (task_id, grp, fkey) VALUES (?, ?, ?)
+ON CONFLICT (task_id) DO UPDATE SET grp = excluded.grp, fkey = excluded.fkey
 
 -- name: flow_delete_slot
 DELETE FROM flow_slots WHERE task_id = ?
 
 -- name: flow_put_held
-INSERT INTO flow_held (task_id, grp, address, priority, created_at) VALUES (?, ?, ?, ?, ?)
+INSERT INTO flow_held (task_id, grp, address, priority, created_at, fkey, turn)
+VALUES (?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (task_id) DO UPDATE SET grp = excluded.grp, address = excluded.address,
-    priority = excluded.priority, created_at = excluded.created_at
+    priority = excluded.priority, created_at = excluded.created_at, fkey = excluded.fkey,
+    turn = excluded.turn
 
 -- name: flow_delete_held
 DELETE FROM flow_held WHERE task_id = ?
 
 -- name: flow_put_limit
-INSERT INTO flow_limits (grp, concurrency, rate, burst, updated_at)
-VALUES (?, ?, ?, ?, ?)
+INSERT INTO flow_limits (grp, concurrency, rate, burst, per_key, updated_at)
+VALUES (?, ?, ?, ?, ?, ?)
 ON CONFLICT (grp) DO UPDATE SET concurrency = excluded.concurrency,
-    rate = excluded.rate, burst = excluded.burst, updated_at = excluded.updated_at
+    rate = excluded.rate, burst = excluded.burst, per_key = excluded.per_key,
+    updated_at = excluded.updated_at
 
 -- A rate limit's token bucket: the theoretical arrival time of the next start (ms).
 -- name: flow_tat

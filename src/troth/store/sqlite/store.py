@@ -17,7 +17,7 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Final, Protocol, TypeVar, cast
 
-from troth.flow.limits import Held, Limit, limit_row, stored_limit
+from troth.flow.limits import Held, Limit, held_row, limit_row, stored_limit
 from troth.outbox import codes
 from troth.outbox.rows import OutboxRow
 from troth.protocol.records import PENDING, TAG_ORIGIN, Promise, Schedule, Tags, Task
@@ -304,9 +304,24 @@ class SqliteBackend(Backend):
         rows = self.conn.execute(_Q["flow_slots_of"], (group,)).fetchall()
         return [str(r[0]) for r in rows]
 
-    def flow_held(self, group: str, limit: int) -> list[Held]:
-        rows = self.conn.execute(_Q["flow_held"], (group, limit)).fetchall()
+    def flow_held(self, group: str, limit: int, offset: int = 0) -> list[Held]:
+        rows = self.conn.execute(_Q["flow_held"], (group, limit, offset)).fetchall()
         return [Held(*row) for row in rows]
+
+    def flow_queued(self, task_id: str) -> Held | None:
+        r = self.conn.execute(_Q["flow_queued"], (task_id,)).fetchone()
+        return None if r is None else Held(*r)
+
+    def flow_key_in_use(self, group: str, key: str) -> int:
+        return int(self.conn.execute(_Q["flow_key_in_use"], (group, key)).fetchone()[0])
+
+    def flow_key_turn(self, group: str, key: str) -> int:
+        r = self.conn.execute(_Q["flow_key_turn"], (group, key)).fetchone()
+        return 0 if r is None or r[0] is None else int(r[0])
+
+    def flow_turn(self, group: str) -> int:
+        r = self.conn.execute(_Q["flow_turn"], (group,)).fetchone()
+        return 0 if r is None else int(r[0])
 
     def flow_held_count(self, group: str) -> int:
         return int(self.conn.execute(_Q["flow_held_count"], (group,)).fetchone()[0])
@@ -315,17 +330,17 @@ class SqliteBackend(Backend):
         execute = self.conn.execute
         for key in writes.withdrawn or ():
             execute(_Q["delete_pending_message"], (key,))
+        keys = writes.slot_keys or {}
         for task_id, group in (writes.slots or {}).items():
             if group is None:
                 execute(_Q["flow_delete_slot"], (task_id,))
             else:
-                execute(_Q["flow_put_slot"], (task_id, group))
+                execute(_Q["flow_put_slot"], (task_id, group, keys.get(task_id, "")))
         for task_id, held in (writes.held or {}).items():
             if held is None:
                 execute(_Q["flow_delete_held"], (task_id,))
             else:
-                row = (held.task_id, held.group, held.address, held.priority, held.created_at)
-                execute(_Q["flow_put_held"], row)
+                execute(_Q["flow_put_held"], held_row(held))
         for group, limit in (writes.limits or {}).items():
             if limit is None:
                 execute(_Q["flow_delete_limit"], (group,))
@@ -334,6 +349,8 @@ class SqliteBackend(Backend):
                 execute(_Q["flow_put_limit"], limit_row(limit, now))
         for group, tat in (writes.tats or {}).items():
             execute(_Q["flow_put_tat"], (tat, group))
+        for group, turn in (writes.turns or {}).items():
+            execute(_Q["flow_put_turn"], (turn, group))
 
     def apply(self, writes: Writes, now: int) -> None:
         execute = self.conn.execute
