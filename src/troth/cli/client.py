@@ -621,7 +621,7 @@ def add_client_commands(sub: Any) -> None:
         epilog=limits.EPILOG,
     )
     p.add_argument("action", choices=limits.ACTIONS, help="what to do")
-    p.add_argument("group", nargs="?", help="the worker group (poll://any@GROUP)")
+    p.add_argument("group", nargs="?", help="the worker group (poll://any@GROUP) or push target")
     p.add_argument("--concurrency", type=int, help="set: at most this many of its tasks at once")
     p.add_argument("--rate", help="set: at most R of its tasks start per second (R/s, R/m, R/h)")
     p.add_argument("--burst", type=int, help="set, with --rate: up to B start at once (default 1)")

@@ -22,11 +22,13 @@ examples:
   troth limits set reports --concurrency 10 --per-key 2  # 2 per troth:key
   troth limits list                          # slots in use, tasks held
   troth limits get payments --json
+  troth limits set https://api.example.com --rate 50/s  # pushes to a host
   troth limits delete payments               # held tasks go at once
 
-A group is the one of poll://any@GROUP and poll://uni@GROUP/...  A task
-beyond the limit stays pending and gets its execute when a slot frees and
-the rate allows (docs/operations.md, "Flow control")."""
+A group is the one of poll://any@GROUP and poll://uni@GROUP/..., or a push
+target: https://host[:port] or nats://subject.  A task beyond the limit
+stays pending and gets its execute when a slot frees and the rate allows
+(docs/operations.md, "Flow control")."""
 
 
 class Usage(Exception):

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import hashlib
 from typing import Final
+from urllib.parse import urlsplit
 
 import msgspec
 
-from troth.protocol.address import parse_poll
+from troth.protocol.address import nats_subject, parse_poll
 from troth.protocol.records import Tags
 
 #: The tag that orders a group's held tasks (an integer as a string; higher first).
@@ -221,10 +222,26 @@ def key_of(tags: Tags) -> str:
 
 
 def group_of(address: str) -> str | None:
-    """The worker group of a ``poll://`` address (lower-cased, as delivery reads it);
-    None for anything else (push targets are not limited)."""
+    """What a limit on tasks sent to ``address`` is named by: the worker group of a
+    ``poll://`` address (lower-cased, as delivery reads it), or the push target of
+    an ``http(s)://`` URL (``scheme://host[:port]``, lower-cased, without its path)
+    or of a ``nats://`` subject (``nats://subject``, as written); None for anything
+    else."""
     parsed = parse_poll(address)
-    return None if parsed is None else parsed.group
+    if parsed is not None:
+        return parsed.group
+    if address.startswith(("http://", "https://", "HTTP://", "HTTPS://")):
+        try:
+            parts = urlsplit(address)
+            host, port = parts.hostname, parts.port
+        except ValueError:
+            return None
+        if not host:
+            return None
+        shown = f"[{host}]" if ":" in host else host
+        return f"{parts.scheme.lower()}://{shown}" + (f":{port}" if port is not None else "")
+    subject = nats_subject(address)
+    return None if subject is None else "nats://" + subject
 
 
 def priority_of(tags: Tags) -> int:
@@ -283,7 +300,13 @@ def check_limit(
         raise ValueError("a limit needs a group: the worker group of poll://any@GROUP")
     if len(group.encode()) > MAX_GROUP:
         raise ValueError(f"a group is at most {MAX_GROUP} bytes")
-    if group != group.lower() or "/" in group or "@" in group:
+    if "://" in group:
+        if group_of(group) != group:
+            raise ValueError(
+                "a push target is written https://host[:port], http://host[:port] (lower "
+                "case, without a path) or nats://subject"
+            )
+    elif group != group.lower() or "/" in group or "@" in group:
         raise ValueError(
             "a group is written as in poll://any@GROUP: lower case, without '/' or '@'"
         )
