@@ -12,7 +12,8 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-from troth.transport.poll import QUEUE_SIZE, Connection
+from troth.protocol.address import parse_poll
+from troth.transport.poll import QUEUE_SIZE, Connection, Registry
 
 T = TypeVar("T")
 
@@ -128,3 +129,23 @@ def test_a_cancelled_writer_leaves_no_wait_behind() -> None:
         return None if d is None else d.payload
 
     assert run(main) == b"later"
+
+
+def test_each_group_rotates_over_its_own_workers() -> None:
+    """Anycast sends spread evenly over a group's workers however another group's
+    sends interleave with them: a rotation shared by the groups would send every
+    second message of group a, between two of group b, to the same worker."""
+    registry = Registry()
+    for id in ("a1", "a2"):
+        registry.connect("a", id)
+    for id in ("b1", "b2", "b3"):
+        registry.connect("b", id)
+    first: dict[str, list[str]] = {"a": [], "b": []}
+    for _ in range(6):
+        for group, sends in (("a", 1), ("b", 2)):
+            for _ in range(sends):
+                address = parse_poll(f"poll://any@{group}")
+                assert address is not None
+                first[group].append(registry.candidates(address)[0].id)
+    assert first["a"] == ["a1", "a2"] * 3
+    assert first["b"] == ["b1", "b2", "b3"] * 4

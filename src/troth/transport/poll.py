@@ -125,7 +125,9 @@ class Registry:
         #: closes: ``troth explain`` says "no worker connected since …".
         self.last_seen: dict[str, int] = {}
         self._serial = itertools.count(1)
-        self._rr = itertools.count()
+        #: Anycast sends so far, by group: each group's rotation is its own, so one
+        #: group's traffic does not skew how another's spreads over its workers.
+        self._rr: dict[str, int] = {}
         self.on_change = on_change
         self.max_total = max_total
         self.max_per_group = max_per_group
@@ -173,6 +175,7 @@ class Registry:
             members.pop(conn.id, None)
         if not members:
             self.groups.pop(conn.group, None)
+            self._rr.pop(conn.group, None)
         if self.on_change is not None:
             self.on_change()
 
@@ -199,7 +202,9 @@ class Registry:
             return preferred
         others = [c for id, cs in members.items() if id != address.id for c in cs if not c.closed]
         if others:
-            k = next(self._rr) % len(others)
+            turn = self._rr.get(address.group, 0)
+            self._rr[address.group] = turn + 1
+            k = turn % len(others)
             others = others[k:] + others[:k]
         return preferred + others
 
