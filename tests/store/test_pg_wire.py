@@ -1,4 +1,4 @@
-"""The PostgreSQL wire (store/postgres/wire.py): statements through libpq's pipeline
+"""The PostgreSQL wire (troth/pgwire/): statements through libpq's pipeline
 calls, each prepared once per connection, answered as psycopg would answer them.
 
 Against a real PostgreSQL (tests/helpers/pg.py): these tests fail, not skip, without it.
@@ -15,9 +15,8 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from troth.store.postgres import wire
+from troth.pgwire import Unencodable, Wire, WireCursor, encode, libpq, params, pipeline
 from troth.store.postgres.session import IntLoader, TextArray
-from troth.store.postgres.wire import Unencodable, Wire, WireCursor, encode
 
 
 @pytest.fixture(params=["gil-held", "psycopg"])
@@ -26,7 +25,7 @@ def conn(request: pytest.FixtureRequest, pg_url: str) -> Iterator[psycopg.Connec
     the GIL, and psycopg's wrapper) must answer the same."""
     if request.param == "psycopg":
         mp = pytest.MonkeyPatch()
-        mp.setattr(wire, "_libpq", lambda: None)
+        mp.setattr(pipeline, "loaded_libpq", lambda: None)
         request.addfinalizer(mp.undo)
     c = psycopg.connect(pg_url, autocommit=False)
     c.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
@@ -47,16 +46,16 @@ def _prepared(c: psycopg.Connection[Any]) -> set[str]:
 
 def test_the_gil_holding_libpq_is_found_here() -> None:
     """On Linux the process's libpq is found, so the fast path is the one that runs."""
-    assert wire._libpq() is not None
+    assert libpq.loaded_libpq() is not None
 
 
 def test_placeholders_become_numbered_parameters() -> None:
-    p = wire._Parsed("SELECT %s, %b WHERE x LIKE 'a%%'")
+    p = params.Parsed("SELECT %s, %b WHERE x LIKE 'a%%'")
     assert (p.query, p.names, p.kinds) == (b"SELECT $1, $2 WHERE x LIKE 'a%'", (0, 1), ("s", "b"))
-    q = wire._Parsed("SELECT %(a)s, %(b)b, %(a)s")
+    q = params.Parsed("SELECT %(a)s, %(b)b, %(a)s")
     assert (q.query, q.names) == (b"SELECT $1, $2, $1", ("a", "b"))
     with pytest.raises(ValueError, match="mixes"):
-        wire._Parsed("SELECT %s, %(a)s")
+        params.Parsed("SELECT %s, %(a)s")
 
 
 def test_values_are_encoded_with_their_types() -> None:

@@ -19,9 +19,9 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.pq import Format, TransactionStatus
 from psycopg.types.numeric import IntLoader as NumericInts
 
+from troth.pgwire import TEXT_ARRAY_OID, WireCursor, text_array
 from troth.store.faults import StoreUnavailable
 from troth.store.postgres.timeouts import server_timeouts, with_timeouts
-from troth.store.postgres.wire import TEXT_ARRAY_OID, WireCursor, text_array
 
 T = TypeVar("T")
 
