@@ -23,8 +23,8 @@ from troth.store.migrate import Migration, SchemaError, SchemaTooNew, load_migra
 from troth.store.outbox import settle_one
 from troth.store.queries import load_queries
 from troth.store.sqlite import SqliteStore
+from troth.store.sqlite.backend import CODEC, scan_sql
 from troth.store.sqlite.migrate import split_statements
-from troth.store.sqlite.store import CODEC, _scan_sql
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -629,7 +629,7 @@ def test_version_3_fills_origin_and_a_search_by_origin_uses_its_index(db: Path) 
         assert "p-pending" in [p.id for p in found]
         assert all(p.tags.get("resonate:origin") == "root" for p in found)
         # The statement the store runs for that search (built in code: filters vary).
-        sql = _scan_sql("promises", PROMISE_COLS, None, "tags", 0, True, origin=True)
+        sql = scan_sql("promises", PROMISE_COLS, None, "tags", 0, True, origin=True)
         plan = " | ".join(
             r[3] for r in store.conn.execute("EXPLAIN QUERY PLAN " + sql, ("root", "", 10))
         )

@@ -45,9 +45,9 @@ from troth.store.postgres.backend import _FLAGS_P, _FLAGS_T, CODEC, Q, _columns
 from troth.store.postgres.session import NUL, Conn, IntLoader, TextArray
 from troth.store.postgres.store import PostgresStore
 from troth.store.queries import load_queries
+from troth.store.sqlite.backend import CODEC as SQLITE
 from troth.store.sqlite.backup import BackupError, connect_existing, troth_version
 from troth.store.sqlite.migrate import SqliteSchema
-from troth.store.sqlite.store import CODEC as SQLITE
 
 Cur = psycopg.Cursor[tuple[Any, ...]]
 

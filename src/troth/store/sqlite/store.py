@@ -13,27 +13,25 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Final, Protocol, TypeVar, cast
+from typing import Any, Final, TypeVar
 
-from troth.flow.limits import Held, Limit, held_row, limit_row, stored_limit
+from troth.flow.limits import Limit
 from troth.outbox import codes
 from troth.outbox.rows import OutboxRow
-from troth.protocol.records import PENDING, TAG_ORIGIN, Promise, Schedule, Tags, Task
 from troth.store.base import Backend, BeginWouldWait, Job, Outcome, ReadOnly, Store, read_only
-from troth.store.codec import PROMISE_COLS, SCHEDULE_COLS, TASK_COLS, RowCodec
 from troth.store.faults import Reason, StoreFault, StoreUnavailable
 from troth.store.inspection import Inspection, SqlInspection
 from troth.store.migrate import check_version, migrate
 from troth.store.outbox import OutboxStore, OutboxTable, SqlOutboxTable
-from troth.store.queries import load_queries
 from troth.store.retention import Retention, SqlRetention
+from troth.store.sqlite.backend import CODEC, Q, SqliteBackend, int_in
 from troth.store.sqlite.inline import InlineReader, map_header
 from troth.store.sqlite.migrate import SqliteSchema
-from troth.store.writes import Writes
 
-__all__ = ["CODEC", "SqliteBackend", "SqliteOutbox", "SqliteStore"]
+__all__ = ["SqliteOutbox", "SqliteStore"]
+
 
 T = TypeVar("T")
 
@@ -54,37 +52,7 @@ _PROBE: Final = (
     "UPDATE schema_version SET applied_at = applied_at"
     " WHERE version = (SELECT max(version) FROM schema_version)"
 )
-
-# -- integers ---------------------------------------------------------------------------
-
-_I64_MIN: Final = -(2**63)
-_I64_MAX: Final = 2**63 - 1
-
-
-def _int_in(n: int | None) -> int | bytes | None:
-    """An integer as SQLite can store it: beyond 64 bits a BLOB that sorts after every
-    INTEGER and, among BLOBs, numerically (docs/architecture.md, "SQLite")."""
-    if n is None or _I64_MIN <= n <= _I64_MAX:
-        return n
-    if n < 0:
-        raise OverflowError(f"integer {n} is below -2**63 and cannot be stored")
-    size = (n.bit_length() + 7) // 8
-    return size.to_bytes(4, "big") + n.to_bytes(size, "big")
-
-
-def _int_out(v: Any) -> Any:
-    """Inverse of :func:`_int_in` (``int``, ``None``, or a BLOB-encoded big int)."""
-    if v.__class__ is bytes:
-        size = int.from_bytes(v[:4], "big")
-        return int.from_bytes(v[4 : 4 + size], "big")
-    return v
-
-
-_Q: Final = load_queries("troth.store.sqlite")
-_CODEC: Final = RowCodec(int_in=_int_in, int_out=_int_out, flag=int)
-#: The same codec by a public name, for what reads a file outside the store (transfer.py).
-CODEC: Final = _CODEC
-_TABLES: Final = (
+TABLES: Final = (
     "promises",
     "tasks",
     "schedules",
@@ -93,302 +61,7 @@ _TABLES: Final = (
     "flow_slots",
     "flow_held",
 )
-_SAVEPOINT: Final = "troth_job"
-
-
-def _tag_filter(table: str, column: str) -> str:
-    """One ``key = value`` pair of a tag filter.
-
-    ``json_each`` compares the decoded key, so any key works (``resonate:origin``,
-    keys with quotes or dots), which a ``json_extract`` path cannot promise.
-    """
-    return f"EXISTS (SELECT 1 FROM json_each({table}.{column}) WHERE key = ? AND value = ?)"
-
-
-def _scan_sql(
-    table: str,
-    columns: str,
-    states: int | None,
-    tags_column: str | None,
-    tags: int,
-    after: bool,
-    origin: bool = False,
-    pending: bool = False,
-) -> str:
-    """The scan's statement; with ``origin``, the first condition is the indexed
-    ``origin = ?`` (the ``resonate:origin`` tag, derived on every write); ``pending``
-    (the states are exactly pending) is a literal, which the partial index of pending
-    promises matches (the planner cannot see through a bound parameter)."""
-    where: list[str] = ["origin = ?"] if origin else []
-    if after:
-        where.append("id > ?")
-    if pending:
-        where.append("state = 'pending'")
-    elif states is not None:
-        where.append(f"state IN ({', '.join('?' * states)})")
-    if tags_column is not None:
-        where.extend(_tag_filter(table, tags_column) for _ in range(tags))
-    clause = f" WHERE {' AND '.join(where)}" if where else ""
-    return f"SELECT {columns} FROM {table}{clause} ORDER BY id LIMIT ?"
-
-
-def _scan_params(
-    after: str | None, states: Collection[str] | None, tags: Tags, limit: int
-) -> list[Any]:
-    params: list[Any] = []
-    if after is not None:
-        params.append(after)
-    if states is not None:
-        params.extend(states)
-    for k, v in tags.items():
-        params.extend((k, v))
-    params.append(limit)
-    return params
-
-
-# -- the backend -----------------------------------------------------------------------------
-
-
-class Executes(Protocol):
-    """What :class:`SqliteBackend` uses of its connection."""
-
-    def execute(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor: ...
-
-
-def _settles(old: Promise, new: Promise) -> bool:
-    """Whether ``new`` differs from ``old`` (the row as it stands) at most in state,
-    value and settled_at.  The other fields are compared by identity: a settle keeps
-    the old row's objects (``msgspec.structs.replace``); anything else takes the
-    full write, which is never wrong."""
-    return (
-        old.param is new.param
-        and old.tags is new.tags
-        and old.callbacks is new.callbacks
-        and old.listeners is new.listeners
-        and old.timeout_at == new.timeout_at
-        and old.created_at == new.created_at
-    )
-
-
-class SqliteBackend(Backend):
-    """Reads and writes of the transaction that :meth:`SqliteStore.begin` opened.
-
-    The writer's backend (``known`` not None) keeps the promise rows the transaction
-    read or wrote, as they stand in it: a write that only settles one of them
-    (:func:`_settles`) updates the four columns a settle changes instead of
-    rewriting all fourteen (a third less SQLite time, and no JSON for the others).
-    ``known`` is emptied when a transaction begins."""
-
-    def __init__(self, conn: Executes, *, known: bool = False) -> None:
-        self.conn = conn
-        self.known: dict[str, Promise] | None = {} if known else None
-
-    # -- reads ------------------------------------------------------------------------
-
-    def get_promise(self, id: str) -> Promise | None:
-        r = self.conn.execute(_Q["get_promise"], (id,)).fetchone()
-        if r is None:
-            return None
-        p = _CODEC.promise(r)
-        if self.known is not None:
-            self.known[id] = p
-        return p
-
-    def get_task(self, id: str) -> Task | None:
-        r = self.conn.execute(_Q["get_task"], (id,)).fetchone()
-        return None if r is None else _CODEC.task(r)
-
-    def get_schedule(self, id: str) -> Schedule | None:
-        r = self.conn.execute(_Q["get_schedule"], (id,)).fetchone()
-        return None if r is None else _CODEC.schedule(r)
-
-    def get_trace(self, id: str) -> str | None:
-        r = self.conn.execute(_Q["get_trace"], (id,)).fetchone()
-        return None if r is None else cast(str | None, r[0])
-
-    def scan_promises(
-        self, states: Collection[str] | None, tags: Tags, after: str | None, limit: int
-    ) -> list[Promise]:
-        if states is not None and not states:
-            return []
-        origin = tags.get(TAG_ORIGIN)
-        if origin is not None:
-            tags = {k: v for k, v in tags.items() if k != TAG_ORIGIN}
-        pending = states is not None and set(states) == {PENDING}
-        if pending:
-            states = None
-        sql = _scan_sql(
-            "promises",
-            PROMISE_COLS,
-            None if states is None else len(states),
-            "tags",
-            len(tags),
-            after is not None,
-            origin is not None,
-            pending,
-        )
-        params = _scan_params(after, states, tags, limit)
-        if origin is not None:
-            params.insert(0, origin)
-        rows = self.conn.execute(sql, params).fetchall()
-        return [_CODEC.promise(r) for r in rows]
-
-    def scan_tasks(
-        self, states: Collection[str] | None, after: str | None, limit: int
-    ) -> list[Task]:
-        if states is not None and not states:
-            return []
-        sql = _scan_sql(
-            "tasks", TASK_COLS, None if states is None else len(states), None, 0, after is not None
-        )
-        rows = self.conn.execute(sql, _scan_params(after, states, {}, limit)).fetchall()
-        return [_CODEC.task(r) for r in rows]
-
-    def scan_schedules(self, tags: Tags, after: str | None, limit: int) -> list[Schedule]:
-        sql = _scan_sql(
-            "schedules", SCHEDULE_COLS, None, "promise_tags", len(tags), after is not None
-        )
-        rows = self.conn.execute(sql, _scan_params(after, None, tags, limit)).fetchall()
-        return [_CODEC.schedule(r) for r in rows]
-
-    def promises_in_branch(self, branch: str, limit: int) -> list[Promise]:
-        if not branch:
-            return []  # the empty branch is never indexed (memory.py: ``if branch:``)
-        rows = self.conn.execute(_Q["promises_in_branch"], (branch, limit)).fetchall()
-        return [_CODEC.promise(r) for r in rows]
-
-    # -- deadlines ----------------------------------------------------------------------
-
-    def _ids(self, sql: str, params: tuple[Any, ...]) -> list[str]:
-        return [r[0] for r in self.conn.execute(sql, params)]
-
-    def due_promises(self, now: int, limit: int) -> list[str]:
-        return self._ids(_Q["due_promises"], (_int_in(now), limit))
-
-    def due_tasks(self, now: int, limit: int) -> list[str]:
-        return self._ids(_Q["due_tasks"], (_int_in(now), limit))
-
-    def due_schedules(self, now: int, limit: int) -> list[str]:
-        return self._ids(_Q["due_schedules"], (_int_in(now), limit))
-
-    def undrained_promises(self, limit: int) -> list[str]:
-        return self._ids(_Q["undrained_promises"], (limit,))
-
-    def next_deadline(self) -> int | None:
-        undrained, *armed = self.conn.execute(_Q["next_deadline"]).fetchone()
-        candidates: list[int] = [_int_out(d) for d in armed if d is not None]
-        if undrained:
-            candidates.append(0)
-        return min(candidates) if candidates else None
-
-    # -- writes -------------------------------------------------------------------------
-
-    # -- flow control ---------------------------------------------------------------
-
-    def flow_limits(self) -> list[Limit]:
-        rows = self.conn.execute(_Q["flow_limits"]).fetchall()
-        return [stored_limit(*row) for row in rows]
-
-    def flow_tat(self, group: str) -> float:
-        r = self.conn.execute(_Q["flow_tat"], (group,)).fetchone()
-        return 0.0 if r is None else float(r[0])
-
-    def flow_slot(self, task_id: str) -> str | None:
-        r = self.conn.execute(_Q["flow_slot"], (task_id,)).fetchone()
-        return None if r is None else str(r[0])
-
-    def flow_in_use(self, group: str) -> int:
-        return int(self.conn.execute(_Q["flow_in_use"], (group,)).fetchone()[0])
-
-    def flow_slots_of(self, group: str) -> list[str]:
-        rows = self.conn.execute(_Q["flow_slots_of"], (group,)).fetchall()
-        return [str(r[0]) for r in rows]
-
-    def flow_held(self, group: str, limit: int, offset: int = 0) -> list[Held]:
-        rows = self.conn.execute(_Q["flow_held"], (group, limit, offset)).fetchall()
-        return [Held(*row) for row in rows]
-
-    def flow_queued(self, task_id: str) -> Held | None:
-        r = self.conn.execute(_Q["flow_queued"], (task_id,)).fetchone()
-        return None if r is None else Held(*r)
-
-    def flow_key_in_use(self, group: str, key: str) -> int:
-        return int(self.conn.execute(_Q["flow_key_in_use"], (group, key)).fetchone()[0])
-
-    def flow_key_turn(self, group: str, key: str) -> int:
-        r = self.conn.execute(_Q["flow_key_turn"], (group, key)).fetchone()
-        return 0 if r is None or r[0] is None else int(r[0])
-
-    def flow_turn(self, group: str) -> int:
-        r = self.conn.execute(_Q["flow_turn"], (group,)).fetchone()
-        return 0 if r is None else int(r[0])
-
-    def flow_held_count(self, group: str) -> int:
-        return int(self.conn.execute(_Q["flow_held_count"], (group,)).fetchone()[0])
-
-    def _apply_flow(self, writes: Writes, now: int) -> None:
-        execute = self.conn.execute
-        for key in writes.withdrawn or ():
-            execute(_Q["delete_pending_message"], (key,))
-        keys = writes.slot_keys or {}
-        for task_id, group in (writes.slots or {}).items():
-            if group is None:
-                execute(_Q["flow_delete_slot"], (task_id,))
-            else:
-                execute(_Q["flow_put_slot"], (task_id, group, keys.get(task_id, "")))
-        for task_id, held in (writes.held or {}).items():
-            if held is None:
-                execute(_Q["flow_delete_held"], (task_id,))
-            else:
-                execute(_Q["flow_put_held"], held_row(held))
-        for group, limit in (writes.limits or {}).items():
-            if limit is None:
-                execute(_Q["flow_delete_limit"], (group,))
-                execute(_Q["flow_delete_group_slots"], (group,))
-            else:
-                execute(_Q["flow_put_limit"], limit_row(limit, now))
-        for group, tat in (writes.tats or {}).items():
-            execute(_Q["flow_put_tat"], (tat, group))
-        for group, turn in (writes.turns or {}).items():
-            execute(_Q["flow_put_turn"], (turn, group))
-
-    def apply(self, writes: Writes, now: int) -> None:
-        execute = self.conn.execute
-        known = self.known
-        for p in writes.promises.values():
-            if known is not None:
-                old = known.get(p.id)
-                known[p.id] = p
-                if old is not None and _settles(old, p):
-                    execute(_Q["settle_promise"], _CODEC.settle_row(p))
-                    continue
-            execute(_Q["upsert_promise"], _CODEC.promise_row(p))
-        if writes.traces:
-            for id, trace in writes.traces.items():
-                execute(_Q["set_trace"], (trace, id))
-        for t in writes.tasks.values():
-            execute(_Q["upsert_task"], _CODEC.task_row(t))
-        for id, s in writes.schedules.items():
-            if s is None:
-                execute(_Q["delete_schedule"], (id,))
-            else:
-                execute(_Q["upsert_schedule"], _CODEC.schedule_row(s))
-        held = writes.available_at
-        for key, entry in writes.messages.items():
-            execute(_Q["delete_pending_message"], (key,))
-            row = _CODEC.message_row(key, entry, now, held.get(key) if held else None)
-            execute(_Q["insert_message"], row)
-        if writes.has_flow():
-            self._apply_flow(writes, now)
-
-    # -- whole-store reads -----------------------------------------------------------------
-
-    def snapshot(self) -> dict[str, Any]:
-        """Everything, in memory.py's ``snapshot()`` format (built from the same Structs)."""
-        return _CODEC.snapshot(lambda sql: self.conn.execute(sql).fetchall())
-
-
-# -- the store ---------------------------------------------------------------------------------
+SAVEPOINT: Final = "troth_job"
 
 
 class SqliteStore(Store):
@@ -497,16 +170,16 @@ class SqliteStore(Store):
         self.writing = False
 
     def savepoint(self) -> None:
-        self.conn.execute(f"SAVEPOINT {_SAVEPOINT}")
+        self.conn.execute(f"SAVEPOINT {SAVEPOINT}")
 
     def release(self) -> None:
-        self.conn.execute(f"RELEASE {_SAVEPOINT}")
+        self.conn.execute(f"RELEASE {SAVEPOINT}")
 
     def rollback_to(self) -> None:
         # ROLLBACK TO keeps the savepoint open; release it so the next job's SAVEPOINT
         # is not nested inside this one.
-        self.conn.execute(f"ROLLBACK TO {_SAVEPOINT}")
-        self.conn.execute(f"RELEASE {_SAVEPOINT}")
+        self.conn.execute(f"ROLLBACK TO {SAVEPOINT}")
+        self.conn.execute(f"RELEASE {SAVEPOINT}")
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
@@ -525,7 +198,7 @@ class SqliteStore(Store):
     def reset(self) -> None:
         """Delete every row, and restart outbox ids at 1 as a fresh memory store does."""
         with self.transaction() as conn:
-            for table in _TABLES:
+            for table in TABLES:
                 conn.execute(f"DELETE FROM {table}")
             conn.execute("DELETE FROM sqlite_sequence WHERE name = 'outbox'")
 
@@ -664,7 +337,7 @@ class SqliteStore(Store):
     def _inspect(conn: sqlite3.Connection, fn: Callable[[Inspection], T]) -> T:
         conn.execute("BEGIN")
         try:
-            return fn(SqlInspection(conn.cursor(), _CODEC, "?"))
+            return fn(SqlInspection(conn.cursor(), CODEC, "?"))
         finally:
             conn.execute("ROLLBACK")
 
@@ -681,7 +354,7 @@ class SqliteStore(Store):
             try:
                 self.begin()
                 try:
-                    result = fn(SqlRetention(self.conn.cursor(), _CODEC, "?"))
+                    result = fn(SqlRetention(self.conn.cursor(), CODEC, "?"))
                     self.commit()
                 except BaseException:
                     self.rollback()
@@ -734,24 +407,24 @@ class SqliteOutbox(OutboxStore):
 
     def write(self, fn: Callable[[OutboxTable], T]) -> T:
         with self.store.transaction() as conn:
-            return fn(SqliteOutboxTable(conn, _Q, _CODEC))
+            return fn(SqliteOutboxTable(conn, Q, CODEC))
 
     def read(self, fn: Callable[[OutboxTable], T]) -> T:
         with self.store.lock:
-            return fn(SqliteOutboxTable(self.store.conn, _Q, _CODEC))
+            return fn(SqliteOutboxTable(self.store.conn, Q, CODEC))
 
 
 class SqliteOutboxTable(SqlOutboxTable):
     """The shared SQL outbox table, with SQLite's claim (``UPDATE … RETURNING``)."""
 
     def claim(self, worker_id: str, now: int, limit: int, token: str) -> list[OutboxRow]:
-        at = _int_in(now)
-        claimed = self.cur.execute(_Q["claim"], (token, worker_id, at, at, at, limit)).fetchall()
-        return [_CODEC.outbox_row(r) for r in claimed]
+        at = int_in(now)
+        claimed = self.cur.execute(Q["claim"], (token, worker_id, at, at, at, limit)).fetchall()
+        return [CODEC.outbox_row(r) for r in claimed]
 
     def stranded(self, now: int, since: int) -> list[tuple[int, str, str, str, int]]:
         found = self.cur.execute(
-            _Q["stranded"],
-            (_int_in(now), codes.NO_CONNECTION, _int_in(since), codes.ATTEMPTS_EXHAUSTED),
+            Q["stranded"],
+            (int_in(now), codes.NO_CONNECTION, int_in(since), codes.ATTEMPTS_EXHAUSTED),
         ).fetchall()
-        return [(r[0], r[1], r[2], r[3], _CODEC.int_out(r[4])) for r in found]
+        return [(r[0], r[1], r[2], r[3], CODEC.int_out(r[4])) for r in found]
