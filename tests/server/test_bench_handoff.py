@@ -84,7 +84,7 @@ def test_the_targets_table_reads_each_limit(tmp_path: Path) -> None:
     bench, _ = run(replace(TINY, dir=str(tmp_path), store="memory", handoff_limits=(2,)))
     lines = target_lines(bench.report.results, [], 2, "full", TINY.clients)
     text = "\n".join(lines)
-    assert "handoff (limit 2): freed slot → next execute p50 <= 5 ms" in text
+    assert "handoff (limit 2): fulfil written → next execute p50 <= 5 ms" in text
     assert "lifecycle beside a limit ÷ lifecycle" in text
 
 
