@@ -1074,6 +1074,15 @@ async def handoff_at(ctx: Ctx, limit: int) -> Result:
     result.checks.append(await expect_census(ctx, name, "resolved", total))
     result.checks.append(f"{total:,} tasks acquired once and fulfilled once")
     result.checks += pool.check()
+    result.notes.append(
+        "handoff = task.fulfill written → the next held task's execute read by a worker"
+        f" (the k-th fulfil, the k-th execute after the first {limit}); after answer = from"
+        " the fulfil's answer instead (negative: the execute came first)"
+    )
+    result.notes.append(
+        "tasks = execute read → fulfil answered; each worker creates a task to take its"
+        f" task's place among the {opts.handoff_backlog:,} held before it fulfils"
+    )
     return result
 
 
