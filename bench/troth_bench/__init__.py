@@ -10,7 +10,7 @@ On PostgreSQL (``--store postgres``) it runs one node or several on one database
 (``--nodes``), measures the server's raw commit rates instead of SQLite's, and can
 measure a peer job queue, PgQueuer, beside troth (``--peers pgqueuer``).
 
-Modules: ``runner`` (the run), ``workloads`` (the six workloads), ``limits``,
+Modules: ``runner`` (the run), ``workloads`` (the workloads), ``limits``,
 ``seed`` (the scale databases), ``http`` and ``client`` (the generator),
 ``measure`` (window, CPU, RSS), ``report`` (tables), ``profile`` (py-spy),
 ``bare`` (the bare endpoint), ``procs`` (server subprocesses), ``options``,

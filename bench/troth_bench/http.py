@@ -116,16 +116,20 @@ class HttpConnection(_Parsing):
         if waiter is not None and not waiter.done():
             waiter.set_exception(exc)
 
-    async def post(self, body: bytes) -> tuple[int, bytes]:
-        """``POST /`` with a JSON body; returns ``(HTTP status, response body)``."""
+    async def post(self, body: bytes, path: str = "/") -> tuple[int, bytes]:
+        """``POST /`` (or ``path``: the operator API) with a JSON body; returns
+        ``(HTTP status, response body)``."""
         if self.lost is not None or self.transport is None:
             raise HttpError(f"connection to {self.host}:{self.port} is closed: {self.lost}")
         if self.waiter is not None:
             raise RuntimeError("one request at a time per connection")
         waiter: asyncio.Future[tuple[int, bytes]] = asyncio.get_running_loop().create_future()
         self.waiter = waiter
+        prefix = self._prefix
+        if path != "/":
+            prefix = prefix.replace(b"POST / ", f"POST {path} ".encode(), 1)
         self.sent_at = time.perf_counter()
-        self.transport.write(self._prefix + str(len(body)).encode() + b"\r\n\r\n" + body)
+        self.transport.write(prefix + str(len(body)).encode() + b"\r\n\r\n" + body)
         return await waiter
 
     async def get(self, path: str) -> tuple[int, bytes]:

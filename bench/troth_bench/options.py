@@ -19,6 +19,9 @@ NAMED_ONLY = ("sdk-steps", "sdk-workflows")
 #: named, beside the HTTP ones; the bench starts its own nats-server for them
 #: (troth_bench.nats), or skips them saying why when there is none.
 NATS_WORKLOADS = ("create-settle-nats", "lifecycle-nats")
+#: Flow control (troth_bench.workloads.handoff): a limited group's freed slot to its
+#: next ``execute``, and lifecycle beside a limit; run only when named.
+FLOW_WORKLOADS = ("handoff",)
 SDKS = ("python", "typescript")
 SDK_STORES = ("sqlite", "memory", "postgres")
 PEERS = ("pgqueuer", "resonate-pg")
@@ -75,6 +78,8 @@ class Options:
     timer_spread: float = 5.0
     hb_tasks: int = 1_000
     hb_workers: int = 10
+    handoff_limits: tuple[int, ...] = (1, 8)  # handoff: the concurrency limits measured
+    handoff_backlog: int = 64  # handoff: tasks held behind the limit throughout
     limit_seconds: float = 3.0
     workloads: tuple[str, ...] = WORKLOADS
     scale: tuple[int, ...] = ()  # stored-promise counts for the scale comparison
@@ -121,7 +126,7 @@ def _names(what: str, choices: Sequence[str]) -> Callable[[str], tuple[str, ...]
     return parse
 
 
-_workloads = _names("workload", WORKLOADS + NAMED_ONLY + NATS_WORKLOADS)
+_workloads = _names("workload", WORKLOADS + NAMED_ONLY + NATS_WORKLOADS + FLOW_WORKLOADS)
 _sdks = _names("SDK", SDKS)
 _sdk_stores = _names("store", SDK_STORES)
 _peers = _names("peer", PEERS)
@@ -265,13 +270,27 @@ def add_bench_flags(p: argparse.ArgumentParser) -> None:
         "--limit-seconds", type=float, default=d.limit_seconds, help="per limit probe (3)"
     )
     p.add_argument(
+        "--handoff-limits",
+        type=_nodes,
+        default=d.handoff_limits,
+        help="handoff: the concurrency limits of its group, one measurement each"
+        f" ({','.join(str(n) for n in d.handoff_limits)})",
+    )
+    p.add_argument(
+        "--handoff-backlog",
+        type=int,
+        default=d.handoff_backlog,
+        help=f"handoff: tasks held behind the limit throughout ({d.handoff_backlog})",
+    )
+    p.add_argument(
         "--workloads",
         type=_workloads,
         default=d.workloads,
         help=f"comma-separated subset of {','.join(WORKLOADS)} ('' for none: --scale only);"
         f" also {','.join(NAMED_ONLY)} (only when named: the published SDKs' step latency)"
-        f" and {','.join(NATS_WORKLOADS)} (only when named: requests and delivery over NATS,"
-        " with a nats-server the bench starts)",
+        f", {','.join(NATS_WORKLOADS)} (only when named: requests and delivery over NATS,"
+        " with a nats-server the bench starts) and handoff (only when named: a worker"
+        " group under a concurrency limit, from a freed slot to the next execute)",
     )
     p.add_argument(
         "--nats-url",
@@ -441,6 +460,8 @@ def options_from(args: argparse.Namespace) -> Options:
         timer_spread=args.timer_spread,
         hb_tasks=args.hb_tasks,
         hb_workers=args.hb_workers,
+        handoff_limits=args.handoff_limits,
+        handoff_backlog=args.handoff_backlog,
         limit_seconds=args.limit_seconds,
         workloads=args.workloads,
         scale=args.scale,
@@ -501,4 +522,6 @@ def problems(opts: Options) -> list[str]:
         out.append(f"--open-loop runs with the workloads {','.join(OPEN_LOOP)}: name one")
     if opts.open_loop_cap < 1:
         out.append("--open-loop-cap must be >= 1")
+    if "handoff" in opts.workloads and opts.handoff_backlog < 1:
+        out.append("--handoff-backlog must be >= 1 (a freed slot needs a held task to hand off)")
     return out

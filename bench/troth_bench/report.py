@@ -20,6 +20,8 @@ WRITES = {
     "heartbeat",
     "create-settle-nats",
     "lifecycle-nats",
+    "handoff",
+    "lifecycle-beside-limit",
 }
 
 
@@ -365,6 +367,7 @@ def target_lines(
         add("lifecycle >= 1,000 tasks/s", f"{s.rate:,.0f} tasks/s", s.rate >= 1000)
     if lc is not None and (d := lc.line("dispatch")) is not None and d.latency:
         add("dispatch latency p50 <= 5 ms", f"p50 {ms(d.latency['p50'])} ms", d.latency["p50"] <= 5)
+    rows.extend(flow_rows(results))
     tm = by.get("timers")
     if tm is not None and (g := tm.line("lag")) is not None and g.latency:
         add("timer lag p99 <= 20 ms", f"p99 {ms(g.latency['p99'])} ms", g.latency["p99"] <= 20)
@@ -391,6 +394,44 @@ def target_lines(
     )
     title = f"troth's targets (stated for 2 cores, FULL, 64 clients; this run: {where})"
     return [title, *table(["target", "this run", ""], rows)]
+
+
+def flow_rows(results: Sequence[Result]) -> list[list[str]]:
+    """Flow control's targets: a freed slot's next ``execute`` within 5 ms (p50), timed
+    from the fulfil's write (its own commit included: the figure errs long), and
+    lifecycle beside a limit against lifecycle in the same run (no target: a ratio)."""
+    rows: list[list[str]] = []
+    for r in results:
+        if r.name == "handoff" and (h := r.line("handoff")) is not None and h.latency:
+            p50 = h.latency["p50"]
+            after = r.line("after answer")
+            answered = f" ({ms(after.latency.get('p50'))} after the answer)" if after else ""
+            rows.append(
+                [
+                    f"handoff ({r.context}): fulfil written → next execute p50 <= 5 ms",
+                    f"p50 {ms(p50)} ms{answered}, p99 {ms(h.latency['p99'])} ms",
+                    "met" if p50 <= 5 else "NOT MET",
+                ]
+            )
+    for r in results:
+        if r.name != "lifecycle-beside-limit":
+            continue
+        plain = next(
+            (p for p in results if p.name == "lifecycle" and p.nodes == r.nodes),
+            None,
+        )
+        mine, theirs = r.line("tasks"), plain.line("tasks") if plain else None
+        if mine is None or mine.rate is None:
+            continue
+        if theirs is None or not theirs.rate:
+            value = f"{mine.rate:,.0f} tasks/s (lifecycle not run: --workloads lifecycle,handoff)"
+        else:
+            value = (
+                f"{mine.rate:,.0f} vs {theirs.rate:,.0f} tasks/s ({ratio(mine.rate, theirs.rate)})"
+            )
+        where = f" ({r.context})" if r.context else ""
+        rows.append([f"lifecycle beside a limit ÷ lifecycle{where}", value, "-"])
+    return rows
 
 
 def postgres_target_lines(
@@ -434,6 +475,7 @@ def postgres_target_lines(
         add("lifecycle: 2 nodes faster than 1", f"{two:,.0f} vs {one:,.0f} tasks/s", two > one)
     else:
         add("lifecycle: 2 nodes faster than 1", "not measured (--nodes 1,2)", None)
+    rows.extend(flow_rows(results))
     cs1 = rate_of("create-settle", 1, "requests")
     cs2 = rate_of("create-settle", 2, "requests")
     if cs1 is not None and cs2 is not None:

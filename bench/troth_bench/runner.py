@@ -664,17 +664,19 @@ class Bench:
             for name in names or opts.workloads:
                 await self.quiet(name)
                 if name == "reads" and read_ids is not None:
-                    result = await reads_of(ctx, read_ids, "resolved")
+                    got: Result | list[Result] = await reads_of(ctx, read_ids, "resolved")
                 else:
-                    result = await RUNNERS[name](ctx)
-                result.context = context
-                # Server processes: a --workers supervisor's children count one each.
-                result.nodes = max(len(nodes), len(pid) if isinstance(pid, list) else 1)
-                results.append(result)
+                    got = await RUNNERS[name](ctx)
                 for server in servers or []:
                     if not server.alive():
                         raise BenchFailure(f"server died during {name}: {server.tail()}")
-                self.say(*result_lines(result, self.report.limits))
+                for k, result in enumerate(got if isinstance(got, list) else [got]):
+                    # Its own (handoff: the limit), then the run's (postgres: the nodes).
+                    result.context = ", ".join(c for c in (result.context, context) if c)
+                    # Server processes: a --workers supervisor's children count one each.
+                    result.nodes = max(len(nodes), len(pid) if isinstance(pid, list) else 1)
+                    results.append(result)
+                    self.say(*([""] if k else []), *result_lines(result, self.report.limits))
                 if profiler is not None:
                     if name in profiler.profiles:
                         self.say(*render(name, profiler.profiles[name]))

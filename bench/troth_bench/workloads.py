@@ -1,4 +1,4 @@
-"""The six workloads, each driving the server over real HTTP and SSE and checking itself.
+"""The workloads, each driving the server over real HTTP and SSE and checking itself.
 
 Every workload is a closed loop: each of the N clients waits for its answer before
 it sends the next request, as SDK workers do, so the rate is what the server
@@ -515,11 +515,14 @@ async def reads_of(ctx: Ctx, ids: Sequence[str], state: str) -> Result:
 # -- lifecycle ----------------------------------------------------------------------------------
 
 
-async def lifecycle(ctx: Ctx, name: str = "lifecycle", *, nats: bool = False) -> Result:
+async def lifecycle(
+    ctx: Ctx, name: str = "lifecycle", *, nats: bool = False, infix: str | None = None
+) -> Result:
     """Targeted ``promise.create`` → ``execute`` over SSE (``nats``: published to the
-    workers' NATS subject) → ``task.acquire`` → ``task.fulfill``."""
+    workers' NATS subject) → ``task.acquire`` → ``task.fulfill``.  ``infix`` tells its
+    ids and group from another run of it under another name."""
     tag = ctx.tag(name)
-    infix = "lcn" if nats else "lc"
+    infix = infix or ("lcn" if nats else "lc")
     pool = WorkerPool(ctx, f"{ctx.run}-{infix}", ctx.opts.workers, nats=nats)
     await pool.open()
     ledger = Ledger()
@@ -884,6 +887,221 @@ async def heartbeat(ctx: Ctx) -> Result:
     return result
 
 
+# -- handoff -------------------------------------------------------------------------------------
+
+
+async def ops_call(ctx: Ctx, path: str, data: dict[str, Any] | None = None) -> Any:
+    """The operator API of the first node: ``POST path`` with ``data`` (``GET`` without);
+    anything but 200 fails the workload.  A connection of its own, as :meth:`Ctx.metrics`:
+    the server closes idle ones."""
+    conn = await HttpConnection.open(ctx.host, ctx.port)
+    try:
+        if data is None:
+            status, body = await conn.get(path)
+        else:
+            status, body = await conn.post(msgspec.json.encode(data), path)
+    finally:
+        conn.close()
+    if status != 200:
+        raise BenchFailure(f"{path} {data!r} answered {status}: {body[:300]!r}")
+    return msgspec.json.decode(body)
+
+
+async def set_limit(ctx: Ctx, group: str, concurrency: int | None) -> None:
+    """Set (None: delete) the concurrency limit of ``group``; with several server
+    processes, wait until every one holds to it (each reads the limits every second)."""
+    from troth.server.engine import LIMITS_REFRESH
+
+    if concurrency is None:
+        await ops_call(ctx, "/ops/limits/delete", {"group": group})
+    else:
+        await ops_call(ctx, "/ops/limits/set", {"group": group, "concurrency": concurrency})
+    if not isinstance(ctx.pid, int):  # several nodes, or a server of --url: unknown
+        await asyncio.sleep(LIMITS_REFRESH + 0.5)
+
+
+async def handoff(ctx: Ctx) -> list[Result]:
+    """Flow control: one measurement per limit of ``--handoff-limits`` (a worker group
+    under that limit, its backlog held), then lifecycle on a group without a limit
+    while another group has one."""
+    results = [await handoff_at(ctx, limit) for limit in ctx.opts.handoff_limits]
+    results.append(await beside_limit(ctx))
+    return results
+
+
+@dataclass
+class _AtOnce:
+    """What the workers have at once: executes read and not yet fulfilled (the slots
+    the server let through), tasks acquired and not yet fulfilled; the most of each."""
+
+    executes: int = 0
+    acquired: int = 0
+    most_executes: int = 0
+    most_acquired: int = 0
+
+    def add(self, executes: int, acquired: int) -> None:
+        self.executes += executes
+        self.acquired += acquired
+        self.most_executes = max(self.most_executes, self.executes)
+        self.most_acquired = max(self.most_acquired, self.acquired)
+
+
+async def handoff_at(ctx: Ctx, limit: int) -> Result:
+    """A group of ``--workers`` SSE workers under ``concurrency limit``, with
+    ``--handoff-backlog`` tasks held behind the limit throughout: each ``execute`` read
+    is acquired, a task that replaces it in the backlog is created, and it is
+    fulfilled.  The fulfil frees the slot, and the server writes the next held task's
+    ``execute`` in the same commit.  ``handoff`` pairs the k-th fulfil written with the
+    k-th ``execute`` read after the first ``limit`` (which the limit let through at
+    once): an execute beyond those needs as many slots freed before it, so the time
+    is never shorter than the real one.  Fails when the workers ever had more than
+    ``limit`` executes or acquisitions at once."""
+    opts = ctx.opts
+    name = f"handoff-{limit}"
+    tag = ctx.tag(name)
+    pool = WorkerPool(ctx, f"{ctx.run}-ho{limit}", opts.workers)
+    group = pool.group
+    ledger = Ledger()
+    conns = await ctx.more_clients(limit + 4)
+    idle: asyncio.Queue[Client] = asyncio.Queue()
+    for c in conns[:limit]:  # one per slot: a task in hand never waits for one
+        idle.put_nowait(c)
+    creators = conns[limit:]  # the first backlog, beside the workers' connections
+    at_once = _AtOnce()
+    arrived: list[float] = []  # executes read
+    sent: list[float] = []  # fulfils written
+    answered: list[float] = []  # fulfils answered
+    created = [0]
+    errors: list[BaseException] = []
+    progress = asyncio.Event()
+    handlers: set[asyncio.Task[None]] = set()
+
+    async def body(window: Window, rec: Recorder) -> None:
+        async def create(c: Client) -> None:
+            n = created[0]
+            created[0] += 1
+            id = f"{ctx.run}-ho{limit}-{n}"
+            pool.expect(id, 0).add_done_callback(functools.partial(on_execute, id))
+            await create_targeted(c, rec, id, n, tag, pool.target)
+
+        def on_execute(id: str, fut: asyncio.Future[tuple[float, str]]) -> None:
+            if fut.cancelled():
+                return
+            read_at, pid = fut.result()
+            arrived.append(read_at)
+            at_once.add(1, 0)
+            task = asyncio.create_task(run_task(id, pid, read_at))
+            handlers.add(task)
+            task.add_done_callback(handlers.discard)
+
+        async def run_task(id: str, pid: str, read_at: float) -> None:
+            try:
+                c = await idle.get()
+                try:
+                    acq = {"id": id, "version": 0, "pid": pid, "ttl": 60_000}
+                    version = ledger.acquired(await timed(c, rec, "task.acquire", acq), id)
+                    at_once.add(0, 1)
+                    if window.running:
+                        await create(c)  # the backlog stays as long
+                    at_once.add(-1, -1)  # before the fulfil is written: its slot frees
+                    await fulfil_timed(c, rec, ledger, id, version)
+                    sent.append(c.conn.sent_at)
+                    answered.append(c.read_at)
+                    rec.add("tasks", c.read_at - read_at, c.read_at)
+                finally:
+                    idle.put_nowait(c)
+            except Exception as exc:
+                errors.append(exc)
+            finally:
+                progress.set()
+
+        await parallel(creators, range(limit + opts.handoff_backlog), lambda c, _: create(c))
+        while True:
+            if errors:
+                raise errors[0]
+            if not window.running and len(ledger.fulfilled) >= created[0]:
+                return
+            progress.clear()
+            try:
+                await asyncio.wait_for(progress.wait(), opts.op_timeout)
+            except TimeoutError:
+                raise BenchFailure(
+                    f"{name}: no task fulfilled for {opts.op_timeout:.0f} s"
+                    f" ({len(ledger.fulfilled)} of {created[0]} done)"
+                ) from None
+
+    await pool.open()
+    await set_limit(ctx, group, limit)
+    try:
+        rec, probe = await measured(ctx, name, body)
+        found = await ops_call(ctx, "/ops/limits")
+    finally:
+        for task in list(handlers):
+            task.cancel()
+        await pool.close()
+        await set_limit(ctx, group, None)
+    after = sorted(arrived)[limit:]  # the executes a freed slot let through
+    for s, a in zip(sorted(sent), after, strict=False):
+        rec.add("handoff", a - s, a)
+    for s, a in zip(sorted(answered), after, strict=False):
+        rec.add("after answer", a - s, a)
+    result = finish(
+        "handoff",
+        "tasks",
+        rec,
+        probe,
+        [("tasks", "task"), ("requests", "req")],
+        [("handoff", "slot"), ("after answer", "slot")],
+    )
+    result.series = result.series[2:] + result.series[:2]
+    result.context = f"limit {limit}"
+    total = created[0]
+    if len(ledger.fulfilled) != total:
+        raise BenchFailure(f"{name}: {total} created, {len(ledger.fulfilled)} fulfilled")
+    if at_once.most_executes > limit or at_once.most_acquired > limit:
+        raise BenchFailure(
+            f"{name}: the workers had {at_once.most_executes} executes and"
+            f" {at_once.most_acquired} tasks acquired at once, beyond the limit of {limit}"
+        )
+    result.checks.append(
+        f"at most {counted(at_once.most_executes, 'execute')} unfinished and"
+        f" {counted(at_once.most_acquired, 'task')} acquired at once (limit {limit})"
+    )
+    usage = next((u for u in found.get("limits", []) if u.get("group") == group), None)
+    if usage is None or usage.get("inUse") != 0 or usage.get("held") != 0:
+        raise BenchFailure(f"{name}: after the last fulfil the server counts {usage!r}")
+    result.checks.append(f"the server's count afterwards: limit {limit}, 0 in use, 0 held")
+    result.checks.append(await expect_census(ctx, name, "resolved", total))
+    result.checks.append(f"{total:,} tasks acquired once and fulfilled once")
+    result.checks += pool.check()
+    result.notes.append(
+        "handoff = task.fulfill written → the next held task's execute read by a worker"
+        f" (the k-th fulfil, the k-th execute after the first {limit}); after answer = from"
+        " the fulfil's answer instead (negative: the execute came first)"
+    )
+    result.notes.append(
+        "tasks = execute read → fulfil answered; each worker creates a task to take its"
+        f" task's place among the {opts.handoff_backlog:,} held before it fulfils"
+    )
+    return result
+
+
+async def beside_limit(ctx: Ctx) -> Result:
+    """lifecycle on a group without a limit, while another group has one (every job
+    then passes through flow control): what a limit costs the groups it does not
+    limit, against lifecycle in the same run."""
+    group = f"{ctx.run}-hx"
+    await set_limit(ctx, group, 1)
+    try:
+        result = await lifecycle(ctx, "lifecycle-beside-limit", infix="lbl")
+    finally:
+        await set_limit(ctx, group, None)
+    result.notes.append(
+        "lifecycle on a group without a limit while another group has one (it gets no task)"
+    )
+    return result
+
+
 def over_nats(ctx: Ctx) -> Ctx:
     """``ctx`` with its N clients sending over NATS (verification stays on HTTP)."""
     if ctx.nats_requests is None:
@@ -896,7 +1114,8 @@ def over_nats(ctx: Ctx) -> Ctx:
     return replace(ctx, clients=clients, extra=[])
 
 
-RUNNERS: dict[str, Callable[[Ctx], Awaitable[Result]]] = {
+#: Each workload by name; one gives a result, or several (handoff: one per limit).
+RUNNERS: dict[str, Callable[[Ctx], Awaitable[Result | list[Result]]]] = {
     "create-settle": create_settle,
     "lifecycle": lifecycle,
     "create-settle-nats": lambda ctx: create_settle(over_nats(ctx), "create-settle-nats"),
@@ -905,4 +1124,5 @@ RUNNERS: dict[str, Callable[[Ctx], Awaitable[Result]]] = {
     "reads": reads,
     "timers": timers,
     "heartbeat": heartbeat,
+    "handoff": handoff,
 }
