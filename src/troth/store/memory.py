@@ -376,11 +376,18 @@ class MemoryOutboxTable(OutboxTable):
 
     def claim(self, worker_id: str, now: int, limit: int, token: str) -> list[OutboxRow]:
         out: list[OutboxRow] = []
-        for row in sorted(self.b.outbox.values(), key=lambda r: (r.available_at, r.id)):
-            if len(out) == limit or row.available_at > now:
+        # The pending rows are those ``pending_by_key`` names (SQL's partial index):
+        # delivered rows, kept an hour, are not walked at every claim.
+        outbox = self.b.outbox
+        due = [
+            row
+            for row in (outbox[i] for i in self.b.pending_by_key.values())
+            if row.available_at <= now
+        ]
+        due.sort(key=lambda r: (r.available_at, r.id))
+        for row in due:
+            if len(out) == limit:
                 break
-            if row.state != RowState.PENDING:
-                continue
             row.state = RowState.DISPATCHING
             row.claim_token = token
             row.claimed_by = worker_id
@@ -440,8 +447,8 @@ class MemoryOutboxTable(OutboxTable):
         return len(old)
 
     def next_due(self) -> int | None:
-        due = [r.available_at for r in self.b.outbox.values() if r.state == RowState.PENDING]
-        return min(due) if due else None
+        outbox = self.b.outbox
+        return min((outbox[i].available_at for i in self.b.pending_by_key.values()), default=None)
 
     def stranded(self, now: int, since: int) -> list[tuple[int, str, str, str, int]]:
         newest: dict[str, int] = {}  # by task id: an execute's key
