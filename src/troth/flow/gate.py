@@ -134,14 +134,15 @@ class Flow:
         """The task's place in its group's queue: the one it has (the retry timer
         re-sending to a held task does not move it back), or a new one — its turn
         one past its key's last, and past the last let through."""
-        queued = tx.flow_queued(id)
-        if queued is not None and queued.group == group:
-            return queued if queued.address == address else replace(queued, address=address)
         promise = tx.get_promise(id)
         assert promise is not None  # an execute names a task of a promise
         key = key_of(promise.tags)
-        turn = max(tx.flow_turn(group), tx.flow_key_turn(group, key)) + 1
-        return Held(id, group, address, priority_of(promise.tags), promise.created_at, key, turn)
+        queued, last = tx.flow_place(id, group, key)
+        if queued is not None and queued.group == group:
+            return queued if queued.address == address else replace(queued, address=address)
+        return Held(
+            id, group, address, priority_of(promise.tags), promise.created_at, key, last + 1
+        )
 
     @staticmethod
     def _group(tx: Overlay, id: str) -> str | None:

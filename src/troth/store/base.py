@@ -145,6 +145,13 @@ class Backend(ABC):
         """The turn of the last task of ``group`` let through (0: none yet)."""
         raise NotImplementedError(f"{type(self).__name__} keeps no limits")
 
+    def flow_place(self, task_id: str, group: str, key: str) -> tuple[Held | None, int]:
+        """Where a task stands in its group's queue (None: not queued), and the last
+        turn a new task of ``key`` queues behind: the group's, or its key's last
+        queued one, whichever is later.  One read where a store can (PostgreSQL)."""
+        turn = max(self.flow_turn(group), self.flow_key_turn(group, key))
+        return self.flow_queued(task_id), turn
+
     def flow_held_count(self, group: str) -> int:
         """How many tasks are queued for a slot of ``group``."""
         raise NotImplementedError(f"{type(self).__name__} keeps no limits")
@@ -293,6 +300,22 @@ class Overlay:
             if held is not None and held.group == group and held.key == key:
                 turn = max(turn, held.turn)
         return turn
+
+    def flow_place(self, task_id: str, group: str, key: str) -> tuple[Held | None, int]:
+        """The task's place in the queue, and the last turn a new task of ``key``
+        queues behind (``Backend.flow_place``), with this job's own changes."""
+        held = self.writes.held or {}
+        if task_id in held and held[task_id] is not None:
+            return held[task_id], 0
+        stored, turn = self.backend.flow_place(task_id, group, key)
+        queued = None if task_id in held else stored
+        turns = self.writes.turns
+        if turns is not None and group in turns:
+            turn = max(turn, turns[group])
+        for h in held.values():
+            if h is not None and h.group == group and h.key == key:
+                turn = max(turn, h.turn)
+        return queued, turn
 
     def flow_turn(self, group: str) -> int:
         turns = self.writes.turns

@@ -268,6 +268,9 @@ class PostgresBackend(Backend):
         self.pending_flow: list[tuple[str, Any]] = []
         #: The slots this transaction read or wrote, by task id (None: none).
         self.slots: dict[str, str | None] = {}
+        #: Limited groups whose row this transaction locked, with what the lock's read
+        #: found (token bucket, turn, slots in use), until its next flow-control write.
+        self.flow_state: dict[str, tuple[float, int, int]] = {}
 
     @staticmethod
     def _seen(seen: dict[str, bool], kind: str, id: str, found: bool) -> None:
@@ -510,13 +513,29 @@ class PostgresBackend(Backend):
         return [stored_limit(*row) for row in rows]
 
     def flow_tat(self, group: str) -> float:
+        state = self.flow_state.get(group)
+        if state is not None:
+            return state[0]
         self.flush()
         r = self.cur.execute(Q["flow_tat"], (group,)).fetchone()
         return 0.0 if r is None else float(r[0])
 
     def flow_lock(self, group: str) -> None:
+        """Lock the group's row and read its state with it (one round trip); again in
+        the same transaction, nothing to send while no flow-control write came since."""
+        if group in self.flow_state:
+            return
         self.flush()
-        self.cur.execute(Q["flow_lock"], (group,)).fetchall()
+        r = self.cur.execute(Q["flow_lock"], (group,)).fetchone()
+        if r is not None:
+            self.flow_state[group] = (float(r[0]), int(r[1]), int(r[2]))
+
+    def flow_place(self, task_id: str, group: str, key: str) -> tuple[Held | None, int]:
+        self.flush()
+        r = self.cur.execute(Q["flow_place"], (group, group, key, task_id)).fetchone()
+        assert r is not None  # one row, always
+        queued = None if r[1] is None else stored_held(*r[1:])
+        return queued, int(r[0] or 0)
 
     def flow_slot(self, task_id: str) -> str | None:
         if task_id in self.slots:
@@ -528,6 +547,9 @@ class PostgresBackend(Backend):
         return found
 
     def flow_in_use(self, group: str) -> int:
+        state = self.flow_state.get(group)
+        if state is not None:
+            return state[2]
         self.flush()
         return self._count(Q["flow_in_use"], group)
 
@@ -556,6 +578,9 @@ class PostgresBackend(Backend):
         return 0 if r is None or r[0] is None else int(r[0])
 
     def flow_turn(self, group: str) -> int:
+        state = self.flow_state.get(group)
+        if state is not None:
+            return state[1]
         self.flush()
         r = self.cur.execute(Q["flow_turn"], (group,)).fetchone()
         return 0 if r is None else int(r[0])
@@ -569,6 +594,7 @@ class PostgresBackend(Backend):
         return 0 if r is None else int(r[0])
 
     def _flow_statements(self, writes: Writes, now: int) -> list[tuple[str, Any]]:
+        self.flow_state.clear()  # counts and buckets change: read them again (locked)
         statements: list[tuple[str, Any]] = []
         for key in sorted(writes.withdrawn or ()):
             self.pending_messages.pop(key, None)

@@ -402,8 +402,18 @@ UPDATE promises SET trace = t.trace FROM unnest(%b::text[], %b::text[]) AS t (id
 -- name: flow_limits
 SELECT grp, concurrency, rate, burst, per_key FROM flow_limits ORDER BY grp
 
+-- The lock, with what it guards: the token bucket, the turn, the slots in use.
 -- name: flow_lock
-SELECT grp FROM flow_limits WHERE grp = %s FOR UPDATE
+SELECT tat, turn, (SELECT count(*) FROM flow_slots s WHERE s.grp = l.grp)
+FROM flow_limits l WHERE l.grp = %s FOR UPDATE
+
+-- A task's place in its group's queue (NULLs: not queued), and the last turn a new
+-- task of its key queues behind: the group's, or the key's last queued task's.
+-- name: flow_place
+SELECT greatest((SELECT turn FROM flow_limits WHERE grp = %s),
+                (SELECT max(turn) FROM flow_held WHERE grp = %s AND fkey = %s)),
+       h.task_id, h.grp, h.address, h.priority, h.created_at, h.fkey, h.turn
+FROM (SELECT 1) AS one LEFT JOIN flow_held h ON h.task_id = %s
 
 -- name: flow_slot
 SELECT grp FROM flow_slots WHERE task_id = %s
