@@ -50,7 +50,7 @@ def test_a_limit_on_an_http_host_holds_its_pushes(tmp_path: Path) -> None:
         (limit,) = s.client.get("/ops/limits").json()["limits"]
         assert (limit["group"], limit["inUse"], limit["held"]) == (target, 2, 3)
         # No delivery of a held task was tried, so none failed.
-        assert {row["state"] for row in outbox(s)} <= {"pending", "completed", "claimed"}
+        assert "failed" not in {row["state"] for row in outbox(s)}
         assert {row["taskId"] for row in outbox(s)} == {"h0", "h1"}
         # The host's worker acquires h0 and finishes it: h2 is POSTed at once.
         s.ok("task.acquire", {"id": "h0", "version": 0, "pid": "w", "ttl": 60_000})
