@@ -499,7 +499,11 @@ def test_workers_page_lists_the_concurrency_limits_and_follows_them(
             f"{url}/ops/limits/set", json={"group": group, "concurrency": concurrency}, timeout=10
         )
         assert r.status_code == 200, r.text
-    r = httpx.post(f"{url}/ops/limits/set", json={"group": "ui-rated", "rate": "2/s"}, timeout=10)
+    r = httpx.post(
+        f"{url}/ops/limits/set",
+        json={"group": "ui-rated", "rate": "2/s", "perKey": 3},
+        timeout=10,
+    )
     assert r.status_code == 200, r.text
     try:
         now = int(time.time() * 1000)
@@ -512,12 +516,30 @@ def test_workers_page_lists_the_concurrency_limits_and_follows_them(
             row = pg.locator("#limits tbody tr", has_text=group)
             return {
                 col: row.locator(f"[data-col={col}]").inner_text()
-                for col in ("concurrency", "rate", "inUse", "held")
+                for col in ("concurrency", "rate", "perKey", "inUse", "held")
             }
 
-        assert cells("ui-limited") == {"concurrency": "2", "rate": "—", "inUse": "2", "held": "3"}
-        assert cells("ui-idle") == {"concurrency": "7", "rate": "—", "inUse": "0", "held": "0"}
-        assert cells("ui-rated") == {"concurrency": "—", "rate": "2/s", "inUse": "0", "held": "0"}
+        assert cells("ui-limited") == {
+            "concurrency": "2",
+            "rate": "—",
+            "perKey": "—",
+            "inUse": "2",
+            "held": "3",
+        }
+        assert cells("ui-idle") == {
+            "concurrency": "7",
+            "rate": "—",
+            "perKey": "—",
+            "inUse": "0",
+            "held": "0",
+        }
+        assert cells("ui-rated") == {
+            "concurrency": "—",
+            "rate": "2/s",
+            "perKey": "3",
+            "inUse": "0",
+            "held": "0",
+        }
         held = pg.locator("#limits tbody tr", has_text="ui-limited").locator("[data-col=held]")
         assert held.get_attribute("class") == "error"  # held while every slot is in use
         page.shot("limits", "#limits")

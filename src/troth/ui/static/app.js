@@ -874,13 +874,13 @@ function nodesBody(w) {
   ];
 }
 
-/** Concurrency and rate limits (GET /ops/limits): each group's slots in use of its
- * limit, its rate, and the tasks held. Held while every slot is in use is shown as
+/** Concurrency, rate and per-key limits (GET /ops/limits): each group's slots in use
+ * of its limit, its rate, its cap per troth:key, and the tasks held. Held while every slot is in use is shown as
  * an error. A cap a limit does not have shows as a dash. */
 function limitsBody(limits, only) {
   const shown = only ? limits.filter((l) => l.group === only) : limits;
   return table(
-    ["group", "concurrency", "rate", "in use", "held"],
+    ["group", "concurrency", "rate", "per key", "in use", "held"],
     shown.map((l) => {
       const capped = l.concurrency != null;
       const full = capped && l.inUse >= l.concurrency;
@@ -892,6 +892,7 @@ function limitsBody(limits, only) {
         link(`#/workers?group=${encodeURIComponent(l.group)}`, l.group),
         h("span", { "data-col": "concurrency" }, capped ? l.concurrency.toLocaleString("en") : "—"),
         h("span", { "data-col": "rate", title: l.rate != null ? `a bucket of ${l.burst}` : null }, l.rate != null ? `${l.rate.toLocaleString("en")}/s` : "—"),
+        h("span", { "data-col": "perKey", title: l.perKey != null ? "tasks of one troth:key at once" : null }, l.perKey != null ? l.perKey.toLocaleString("en") : "—"),
         h("span", { class: "use" }, ...use),
         h("span", { "data-col": "held", class: l.held > 0 && full ? "error" : null, title: l.held > 0 && full ? "every slot is in use: these tasks wait" : null }, l.held.toLocaleString("en")),
       ];
