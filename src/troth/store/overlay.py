@@ -32,10 +32,20 @@ class Overlay:
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
         self.writes = Writes()
+        #: Promises this job read from the backend, by id: a handler and the steps
+        #: after it (flow control's gate) read the same one more than once, and the
+        #: backend's rows do not change while the job runs.
+        self.read: dict[str, Promise | None] = {}
 
     def get_promise(self, id: str) -> Promise | None:
         p = self.writes.promises.get(id)
-        return p if p is not None else self.backend.get_promise(id)
+        if p is not None:
+            return p
+        read = self.read
+        if id in read:
+            return read[id]
+        p = read[id] = self.backend.get_promise(id)
+        return p
 
     def get_task(self, id: str) -> Task | None:
         t = self.writes.tasks.get(id)
