@@ -79,7 +79,6 @@ class Flow:
             return None
         limits = self.limits
         touched: set[str] = set()
-        backend = tx.backend
         for id, task in list(writes.tasks.items()):
             entry = writes.messages.get(id)
             execute = entry if entry is not None and isinstance(entry.message, Execute) else None
@@ -88,7 +87,7 @@ class Flow:
             group = group_of(execute.address) if execute is not None else self._group(tx, id)
             if group is None or group not in limits:
                 continue
-            before = backend.get_task(id)
+            before = tx.stored_task(id)
             was = None if before is None else before.state
             if was == ACQUIRED and task.state == ACQUIRED:
                 continue  # a heartbeat, a fence: the slot it holds stays held

@@ -36,6 +36,8 @@ class Overlay:
         #: after it (flow control's gate) read the same one more than once, and the
         #: backend's rows do not change while the job runs.
         self.read: dict[str, Promise | None] = {}
+        #: The same for tasks.
+        self.read_tasks: dict[str, Task | None] = {}
 
     def get_promise(self, id: str) -> Promise | None:
         p = self.writes.promises.get(id)
@@ -49,7 +51,15 @@ class Overlay:
 
     def get_task(self, id: str) -> Task | None:
         t = self.writes.tasks.get(id)
-        return t if t is not None else self.backend.get_task(id)
+        return t if t is not None else self.stored_task(id)
+
+    def stored_task(self, id: str) -> Task | None:
+        """The task as the backend holds it, before this job's writes."""
+        read = self.read_tasks
+        if id in read:
+            return read[id]
+        t = read[id] = self.backend.get_task(id)
+        return t
 
     def get_schedule(self, id: str) -> Schedule | None:
         if id in self.writes.schedules:
