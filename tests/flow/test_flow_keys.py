@@ -115,3 +115,15 @@ def test_the_retry_timer_does_not_move_a_held_task_back(flow_server: RunningServ
     assert executes(s) == ["first"]
     order = started_in_turn(s, ["early", "late"], "first")
     assert order == ["early", "late"]
+
+
+def test_a_priority_beyond_the_column_counts_as_its_bound(flow_server: RunningServer) -> None:
+    s = flow_server
+    set_limit(s, concurrency=1)
+    create(s, "first")
+    create(s, "low", priority=-(10**30))
+    create(s, "mid")
+    create(s, "high", priority=10**30)
+    create(s, "max", priority=2**31 - 1)  # the bound itself: created later, goes after
+    order = started_in_turn(s, ["low", "mid", "high", "max"], "first")
+    assert order == ["high", "max", "mid", "low"]

@@ -26,6 +26,9 @@ from troth.protocol.records import Tags
 
 #: The tag that orders a group's held tasks (an integer as a string; higher first).
 TAG_PRIORITY: Final = "troth:priority"
+#: The highest priority (and the lowest, negated) a task is queued with: a 32-bit
+#: column; a tag beyond it counts as the bound.
+MAX_PRIORITY: Final = 2**31 - 1
 #: The tag that names a task's fairness key (``--per-key``, round-robin across keys).
 TAG_KEY: Final = "troth:key"
 #: Longest key kept as written (UTF-8 bytes); a longer one is kept as its SHA-256,
@@ -245,14 +248,17 @@ def group_of(address: str) -> str | None:
 
 
 def priority_of(tags: Tags) -> int:
-    """``troth:priority`` as an integer; 0 when absent or not an integer."""
+    """``troth:priority`` as an integer; 0 when absent or not an integer, and one
+    beyond :data:`MAX_PRIORITY` either way as that bound (what the store's column
+    holds)."""
     value = tags.get(TAG_PRIORITY)
     if value is None:
         return 0
     try:
-        return int(value)
+        n = int(value)
     except ValueError:
         return 0
+    return max(-MAX_PRIORITY, min(MAX_PRIORITY, n))
 
 
 def parse_rate(value: object) -> float | None:
