@@ -10,6 +10,11 @@ are listed in ``model.mapping`` and checked on every single step of the model's 
 instead).  It runs on the memory, SQLite and PostgreSQL backends (PostgreSQL on a
 throwaway database, emptied between scripts), in-process through the whole HTTP app.
 
+``FlowMachine`` runs the same kind of scripts under troth's flow control (an extension,
+docs/operations.md "Flow control"): a concurrency limit drawn and set through the
+operator API before the first request, the model's gate beside troth's, and each
+group's slots and held tasks compared too (:data:`DEFAULT_FLOW_EXAMPLES`).
+
 Covered: all 21 request kinds, searches included (troth serves them; pages are
 compared by following each side's cursor), and schedules with a few periodic crons
 and troth's occurrence ids (``~{id}/{template}``), so r1–r7 all fire.  Requests are
@@ -456,6 +461,9 @@ FLOW_TAGS = st.sampled_from(
     ]
 )
 
+#: More ids for the flow variant's creates: an order shows when several tasks wait.
+FLOW_IDS = st.sampled_from(["e", "f", "g", "h", "a", "b"])
+
 
 class FlowMachine(DifferentialMachine):
     """The same scripts under troth's flow control (docs/operations.md "Flow control"):
@@ -496,11 +504,20 @@ class FlowMachine(DifferentialMachine):
     promise_register_listener = task_wrong_action = promise_get = task_get = None
     promise_create = task_create = task_fence_create = None  # flow_* create instead
 
-    @rule(id=IDS, offset=st.sampled_from([20_000, 3000, 100]), tags=FLOW_TAGS)
+    @rule(id=FLOW_IDS, offset=st.sampled_from([20_000, 20_000, 3000, 100]), tags=FLOW_TAGS)
     def flow_promise_create(self, id: str, offset: int, tags: Any) -> None:
         self.send("promise.create", create(id, self.at(offset), tags))
 
-    @rule(id=IDS, pid=PIDS, ttl=TTLS, offset=st.sampled_from([20_000, 3000]), tags=FLOW_TAGS)
+    @rule(
+        ids=st.permutations(["e", "f", "g", "h"]),
+        tags=st.lists(FLOW_TAGS, min_size=2, max_size=4),
+    )
+    def flow_burst(self, ids: list[str], tags: list[Any]) -> None:
+        """Several tasks at once, so that several wait and their order shows."""
+        for id, t in zip(ids, tags, strict=False):
+            self.send("promise.create", create(id, self.at(20_000), t))
+
+    @rule(id=FLOW_IDS, pid=PIDS, ttl=TTLS, offset=st.sampled_from([20_000, 3000]), tags=FLOW_TAGS)
     def flow_task_create(self, id: str, pid: str, ttl: int, offset: int, tags: Any) -> None:
         action = envelope("promise.create", create(id, self.at(offset), tags))
         self.send("task.create", {"pid": pid, "ttl": ttl, "action": action})
@@ -621,8 +638,8 @@ def test_troth_agrees_with_the_model(machine: type[DifferentialMachine]) -> None
 
 
 #: The flow-control variant's default examples (the limit drawn first, then a script).
-DEFAULT_FLOW_EXAMPLES = 100
-DEFAULT_PG_FLOW_EXAMPLES = 25
+DEFAULT_FLOW_EXAMPLES = 80
+DEFAULT_PG_FLOW_EXAMPLES = 20
 
 
 @pytest.mark.timeout(0 if SEED is not None else 600)
