@@ -24,12 +24,13 @@ Where the specification leaves a choice, the model follows troth's documented on
 * flow control, troth's extension beyond the specification (docs/operations.md "Flow
   control", docs/protocol.md "Concurrency limits"): concurrency limits per worker
   group with ``troth:priority``, turns across ``troth:key`` and ``perKey``, kept by a
-  gate after each job (``gate`` below, written from those two pages).  Rate limits
-  are left out.
+  gate after each job (``gate`` below, written from those two pages), and rate
+  limits as a token bucket counting starts.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -211,11 +212,26 @@ class Entry:
 
 @dataclass(frozen=True)
 class Limit:
-    """troth: a concurrency limit on a worker group (``None``: no cap), and ``perKey``."""
+    """troth: a limit on a worker group: ``concurrency`` (``None``: no cap),
+    ``per_key``, and ``rate`` starts a second with a bucket of ``burst`` tokens."""
 
     group: str
     concurrency: int | None = None
     per_key: int | None = None
+    rate: float | None = None
+    burst: int = 1
+
+    def next_start(self, tat: float) -> float:
+        """When the bucket next has a token: ``tat`` is the instant it is full again
+        (each start adds 1/rate to it); a start needs it within ``burst - 1``
+        intervals of now."""
+        assert self.rate is not None
+        return tat - (self.burst - 1) * 1000 / self.rate
+
+    def take(self, tat: float, now: int) -> float:
+        """A start at ``now`` (in debt if the bucket is empty: ``task.create``)."""
+        assert self.rate is not None
+        return max(tat, now) + 1000 / self.rate
 
 
 @dataclass(frozen=True)
@@ -245,6 +261,7 @@ class Flow:
     slots: tuple[tuple[str, str, str], ...] = ()
     held: tuple[Held, ...] = ()
     turns: tuple[tuple[str, int], ...] = ()
+    tats: tuple[tuple[str, float], ...] = ()  # rate limits: when each bucket is full
 
     def limit(self, group: str | None) -> Limit | None:
         return next((x for x in self.limits if x.group == group), None)
@@ -1234,7 +1251,11 @@ def set_limit(state: State, limit: Limit) -> State:
                 if group_of(p.tags.get(TARGET, "")) == limit.group:
                     slots.append((t.id, limit.group, p.tags.get(KEY, "")))
     limits = (*(x for x in flow.limits if x.group != limit.group), limit)
-    return replace(state, flow=replace(flow, limits=limits, slots=tuple(slots)))
+    # "a changed rate or burst starts with a full bucket" (a new one too)
+    was = flow.limit(limit.group)
+    fresh = was is None or (was.rate, was.burst) != (limit.rate, limit.burst)
+    tats = tuple((g, t) for g, t in flow.tats if g != limit.group or not fresh)
+    return replace(state, flow=replace(flow, limits=limits, slots=tuple(slots), tats=tats))
 
 
 class Gate:
@@ -1263,6 +1284,7 @@ class Gate:
         self.slots = {id: (g, k) for id, g, k in flow.slots}
         self.held = {h.task_id: h for h in flow.held}
         self.turns = dict(flow.turns)
+        self.tats = dict(flow.tats)
         self.outbox = {e.key: e for e in after.outbox}
 
     def done(self) -> State:
@@ -1271,6 +1293,7 @@ class Gate:
             slots=tuple((id, g, k) for id, (g, k) in self.slots.items()),
             held=tuple(self.held.values()),
             turns=tuple(self.turns.items()),
+            tats=tuple(self.tats.items()),
         )
         return replace(self.state, outbox=tuple(self.outbox.values()), flow=flow)
 
@@ -1297,6 +1320,8 @@ class Gate:
             return True
         if limit.per_key is not None and self.key_in_use(group, key) >= limit.per_key:
             return True
+        if limit.rate is not None and limit.next_start(self.tats.get(group, 0.0)) > self.now:
+            return True  # no token: "A task.acquire without a token gets 409"
         waiting = [
             h
             for h in self.queue(group)
@@ -1323,6 +1348,8 @@ class Gate:
                     continue
                 if id == acquiring and self.refused(id, limit, key):
                     return None
+                if limit.rate is not None:  # a start; task.create's even in debt
+                    self.tats[limit.group] = limit.take(self.tats.get(limit.group, 0.0), self.now)
                 self.slots[id] = (limit.group, key)
                 self.held.pop(id, None)
                 continue
@@ -1372,6 +1399,17 @@ class Gate:
                 continue
             if limit.per_key is not None and self.key_in_use(group, h.key) >= limit.per_key:
                 continue  # passed over, keeping its place
+            if limit.rate is not None:
+                tat = self.tats.get(group, 0.0)
+                at = limit.next_start(tat)
+                if at > self.now:
+                    # "the first held task's retry time moves to when its token
+                    # comes" (troth: ms rounded up; never later than it was)
+                    due = math.ceil(at)
+                    if t.retry_at is None or t.retry_at > due:
+                        self.state = apply(self.state, [("task", replace(t, retry_at=due))])
+                    break
+                self.tats[group] = limit.take(tat, self.now)
             del self.held[h.task_id]
             self.outbox[h.task_id] = Entry(h.address, Execute(t.id, t.version))
             self.slots[h.task_id] = (group, h.key)

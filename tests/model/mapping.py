@@ -45,7 +45,7 @@ from troth.server.run import build_app
 
 Json = dict[str, Any]
 Op = tuple[str, Any]  # (request kind, data) | ("advance", ms) | ("tick", None)
-#                        | ("limit", {"group", "concurrency", "perKey"})
+#                        | ("limit", {"group", "concurrency", "perKey", "rate", "burst"})
 
 START = 1000  # the clock of a fresh script (ms)
 
@@ -83,6 +83,8 @@ EXPIRED_AT_GRANT_EXEMPT = {
 FLOW_EXEMPT = {
     # a held task's execute, written and not yet sent, is withdrawn from the outbox
     "monotone_outbox_keys_never_disappear",
+    # under a rate limit, the first held task's retryAt moves to when its token comes
+    "consistent_task_retry_rearm_only_when_due",
 }
 
 # ---------------------------------------------------------------------- the snapshot
@@ -412,7 +414,13 @@ class Differential:
         changes, on either side, until a job runs."""
         self.ops.append(("limit", body))
         self.troth.set_limit(body)
-        limit = m.Limit(body["group"], body.get("concurrency"), body.get("perKey"))
+        limit = m.Limit(
+            body["group"],
+            body.get("concurrency"),
+            body.get("perKey"),
+            body.get("rate"),
+            body.get("burst") or 1,
+        )
         before = self.model
         self.model = m.set_limit(before, limit)
         self.check(self.model, [], internal=False)
