@@ -11,9 +11,10 @@ instead).  It runs on the memory, SQLite and PostgreSQL backends (PostgreSQL on 
 throwaway database, emptied between scripts), in-process through the whole HTTP app.
 
 ``FlowMachine`` runs the same kind of scripts under troth's flow control (an extension,
-docs/operations.md "Flow control"): a concurrency limit drawn and set through the
-operator API before the first request, the model's gate beside troth's, and each
-group's slots and held tasks compared too (:data:`DEFAULT_FLOW_EXAMPLES`).
+docs/operations.md "Flow control"): a limit (concurrency, ``perKey``, rate) drawn and
+set through the operator API before the first request, the model's gate beside
+troth's, and each group's slots and held tasks compared too
+(:data:`DEFAULT_FLOW_EXAMPLES`).
 
 Covered: all 21 request kinds, searches included (troth serves them; pages are
 compared by following each side's cursor), and schedules with a few periodic crons
@@ -467,9 +468,9 @@ FLOW_IDS = st.sampled_from(["e", "f", "g", "h", "a", "b"])
 
 class FlowMachine(DifferentialMachine):
     """The same scripts under troth's flow control (docs/operations.md "Flow control"):
-    before the first request the operator API sets a concurrency limit (and sometimes
-    ``perKey``) on the scripts' group ``w`` (sometimes on the push target
-    ``http://w.example`` too); more creates carry ``troth:key`` / ``troth:priority``.
+    before the first request the operator API sets a limit on the scripts' group ``w``
+    (concurrency, sometimes ``perKey``, sometimes a rate of 1/s or 10/s with a burst of
+    1 or 2; sometimes a concurrency limit on the push target ``http://w.example`` too); more creates carry ``troth:key`` / ``troth:priority``.
     Compared as ever, and after each step each group's slots in use and held tasks
     (``GET /ops/limits``) against the model's gate."""
 
@@ -479,6 +480,8 @@ class FlowMachine(DifferentialMachine):
         ttl=TTLS,
         concurrency=st.sampled_from([1, 2, 1, 3, None]),
         per_key=st.sampled_from([None, None, 1, 2]),
+        rate=st.sampled_from([None, None, 1, 10]),
+        burst=st.sampled_from([None, 2]),
         push=st.booleans(),
     )
     def world(  # type: ignore[override]
@@ -488,11 +491,19 @@ class FlowMachine(DifferentialMachine):
         ttl: int,
         concurrency: int | None,
         per_key: int | None,
+        rate: int | None,
+        burst: int | None,
         push: bool,
     ) -> None:
-        if concurrency is None and per_key is None:
+        if concurrency is None and per_key is None and rate is None:
             concurrency = 1
-        body: dict[str, Any] = {"group": "w", "concurrency": concurrency, "perKey": per_key}
+        body: dict[str, Any] = {
+            "group": "w",
+            "concurrency": concurrency,
+            "perKey": per_key,
+            "rate": rate,
+            "burst": burst if rate is not None else None,
+        }
         self.d.limit({k: v for k, v in body.items() if v is not None})
         if push:
             self.d.limit({"group": "http://w.example", "concurrency": 1})
