@@ -269,6 +269,38 @@ def test_two_wakes_in_one_tick_may_be_recorded_in_either_order(store: str) -> No
     )
 
 
+def test_occurrences_queued_in_one_tick_take_turns_first_created(store: str) -> None:
+    """Model bug (found by the flow scripts).  Under a concurrency limit, one tick
+    creates three schedule occurrences (``~s/80000``, ``~s/90000``, ``~s/100000``,
+    each created at its own instant) and times out the task holding the slot; all
+    three are queued in that pass, with one key.  The model gave them their turns in
+    id order, so ``~s/100000`` got the slot; troth queues them first created, first
+    queued (docs/operations.md "Flow control": "then first created"), so
+    ``~s/80000`` gets it.  The model now queues a job's tasks in creation order."""
+    replay(
+        store,
+        [
+            ("limit", {"group": "w", "concurrency": 1}),
+            task_create("a", 60_000, TGT),
+            ("promise.create", create("b", 41_000, TGT)),
+            ("advance", 70_000),
+            (
+                "schedule.create",
+                {
+                    "id": "s",
+                    "cron": "*/10 * * * * *",
+                    "promiseId": "{{.timestamp}}",
+                    "promiseTimeout": 60_000,
+                    "promiseParam": {"data": "p"},
+                    "promiseTags": TGT,
+                },
+            ),
+            ("advance", 30_000),
+            ("tick", None),
+        ],
+    )
+
+
 # ---------------------------------------------------------------------- specification findings
 
 

@@ -1333,7 +1333,7 @@ class Gate:
         """The gated state, or None for a refused ``task.acquire`` of ``acquiring``."""
         touched: set[str] = set()
         written = {t.id for t in self.state.tasks if self.before.task(t.id) != t}
-        for id in sorted(written | executes):
+        for id in sorted(written | executes, key=self.created):
             t = self.state.task(id)
             limit, p = self.group(id)
             if t is None or p is None or limit is None:
@@ -1369,6 +1369,12 @@ class Gate:
             assert limit is not None
             self.admit(limit)
         return self.done()
+
+    def created(self, id: str) -> tuple[int, str]:
+        """troth: tasks queued in one job (a timer pass: schedule occurrences, expired
+        leases) take their turns first created, first queued ("then first created")."""
+        p = self.state.promise(id)
+        return (0 if p is None else p.created_at, id)
 
     def place(self, id: str, group: str, address: str, p: Promise, key: str) -> Held:
         """A task re-offered while held keeps its place; otherwise troth: one turn past
