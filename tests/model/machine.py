@@ -1275,7 +1275,10 @@ class Gate:
       held task of its key and past the last let through, or at the place it has;
     * then each group whose slots or queue changed lets held tasks through in queue
       order while slots are free, passing over those whose key is at ``perKey``: each
-      gets its ``execute`` in the same job and a slot.
+      gets its ``execute`` in the same job and a slot;
+    * under a rate limit every start (a task let through, or acquired without having
+      been) takes a token; admission stops at the first task without one and moves
+      its ``retryAt`` to the token's time; ``task.acquire`` without a token is 409.
     """
 
     def __init__(self, before: State, after: State, now: int) -> None:
