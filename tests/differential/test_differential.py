@@ -10,6 +10,12 @@ are listed in ``model.mapping`` and checked on every single step of the model's 
 instead).  It runs on the memory, SQLite and PostgreSQL backends (PostgreSQL on a
 throwaway database, emptied between scripts), in-process through the whole HTTP app.
 
+``FlowMachine`` runs the same kind of scripts under troth's flow control (an extension,
+docs/operations.md "Flow control"): a limit (concurrency, ``perKey``, rate) drawn and
+set through the operator API before the first request, the model's gate beside
+troth's, and each group's slots and held tasks compared too
+(:data:`DEFAULT_FLOW_EXAMPLES`).
+
 Covered: all 21 request kinds, searches included (troth serves them; pages are
 compared by following each side's cursor), and schedules with a few periodic crons
 and troth's occurrence ids (``~{id}/{template}``), so r1–r7 all fire.  Requests are
@@ -45,7 +51,7 @@ from hypothesis.stateful import (
 )
 
 from helpers.pgbouncer import needs_pgbouncer
-from model.machine import external, project
+from model.machine import Execute, external, project
 from model.mapping import Differential, troth_for
 
 DEFAULT_EXAMPLES = 200
@@ -440,6 +446,131 @@ class DifferentialMachine(RuleBasedStateMachine):
         self.d.tick()
 
 
+FLOW_TAGS = st.sampled_from(
+    [
+        TGT,
+        {},
+        EXT,
+        {**TGT, "troth:key": "k1"},
+        {**TGT, "troth:key": "k2"},
+        {**TGT, "troth:priority": "5"},
+        {**TGT, "troth:key": "k1", "troth:priority": "5"},
+        {**TGT, "troth:priority": "-1", "troth:key": "k2"},
+        {**TGT, "troth:priority": "x"},  # not an integer: 0
+        {"resonate:target": "http://w.example/x", "troth:key": "k1"},
+        {"resonate:target": "poll://uni@w/p1", "troth:key": "k2"},
+    ]
+)
+
+#: More ids for the flow variant's creates: an order shows when several tasks wait.
+FLOW_IDS = st.sampled_from(["e", "f", "g", "h", "a", "b"])
+
+
+class FlowMachine(DifferentialMachine):
+    """The same scripts under troth's flow control (docs/operations.md "Flow control"):
+    before the first request the operator API sets a limit on the scripts' group ``w``
+    (concurrency, sometimes ``perKey``, sometimes a rate of 1/s or 10/s with a burst of
+    1 or 2; sometimes a concurrency limit on the push target ``http://w.example`` too); more creates carry ``troth:key`` / ``troth:priority``.
+    Compared as ever, and after each step each group's slots in use and held tasks
+    (``GET /ops/limits``) against the model's gate."""
+
+    @initialize(
+        world=st.sampled_from(["tasks", "tasks", "branch", "empty"]),
+        deadline=st.sampled_from([20_000, 3000, 100]),
+        ttl=TTLS,
+        concurrency=st.sampled_from([1, 2, 1, 3, None]),
+        per_key=st.sampled_from([None, None, 1, 2]),
+        rate=st.sampled_from([None, None, 1, 10]),
+        burst=st.sampled_from([None, 2]),
+        push=st.booleans(),
+    )
+    def world(  # type: ignore[override]
+        self,
+        world: str,
+        deadline: int,
+        ttl: int,
+        concurrency: int | None,
+        per_key: int | None,
+        rate: int | None,
+        burst: int | None,
+        push: bool,
+    ) -> None:
+        if concurrency is None and per_key is None and rate is None:
+            concurrency = 1
+        body: dict[str, Any] = {
+            "group": "w",
+            "concurrency": concurrency,
+            "perKey": per_key,
+            "rate": rate,
+            "burst": burst if rate is not None else None,
+        }
+        self.d.limit({k: v for k, v in body.items() if v is not None})
+        if push:
+            self.d.limit({"group": "http://w.example", "concurrency": 1})
+        super().world(world, deadline, ttl)
+
+    # Fewer rules that never touch a task, so that more steps do: reads and searches
+    # are the same code with or without a limit (the base machine covers them).
+    promise_search = task_search = schedule_get = schedule_search = schedule_delete = None
+    promise_register_listener = task_wrong_action = promise_get = task_get = None
+    promise_create = task_create = task_fence_create = None  # flow_* create instead
+
+    @rule(id=FLOW_IDS, offset=st.sampled_from([20_000, 20_000, 3000, 100]), tags=FLOW_TAGS)
+    def flow_promise_create(self, id: str, offset: int, tags: Any) -> None:
+        self.send("promise.create", create(id, self.at(offset), tags))
+
+    @rule(
+        ids=st.permutations(["e", "f", "g", "h"]),
+        tags=st.lists(FLOW_TAGS, min_size=2, max_size=4),
+    )
+    def flow_burst(self, ids: list[str], tags: list[Any]) -> None:
+        """Several tasks at once, so that several wait and their order shows."""
+        for id, t in zip(ids, tags, strict=False):
+            self.send("promise.create", create(id, self.at(20_000), t))
+
+    @rule(id=FLOW_IDS, pid=PIDS, ttl=TTLS, offset=st.sampled_from([20_000, 3000]), tags=FLOW_TAGS)
+    def flow_task_create(self, id: str, pid: str, ttl: int, offset: int, tags: Any) -> None:
+        action = envelope("promise.create", create(id, self.at(offset), tags))
+        self.send("task.create", {"pid": pid, "ttl": ttl, "action": action})
+
+    def task(self, ref: str) -> str:
+        """Also "@sent": a pending task with an ``execute`` of its version in the
+        outbox (let through), and "@held": one the model's gate holds."""
+        model = self.d.model
+        if ref == "@sent":
+            sent = {
+                e.message.task_id
+                for e in model.outbox
+                if isinstance(e.message, Execute)
+                and (t := model.task(e.message.task_id)) is not None
+                and t.state == "pending"
+                and t.version == e.message.version
+            }
+            return min(sent, default="a")
+        if ref == "@held":
+            return min((h.task_id for h in model.flow.held), default="a")
+        return super().task(ref)
+
+    @rule(id=st.sampled_from(["@sent", "@held", "@sent", "@held", "@pending", "@0"]), pid=PIDS)
+    def flow_task_acquire(self, id: str, pid: str) -> None:
+        """An acquire of the current version: a let-through task's (200) or a held
+        one's (409 while it waits)."""
+        id = self.task(id)
+        data = {"id": id, "version": self.version(id, "="), "pid": pid, "ttl": 60_000}
+        self.send("task.acquire", data)
+
+    @rule(id=tasks_in("acquired"), settle=st.booleans())
+    def flow_task_done(self, id: str, settle: bool) -> None:
+        """Frees a slot: a fulfil, or a release (its task queued again)."""
+        id = self.task(id)
+        version = self.version(id, "=")
+        if settle:
+            action = envelope("promise.settle", {"id": id, "state": "resolved", "value": {}})
+            self.send("task.fulfill", {"id": id, "version": version, "action": action})
+        else:
+            self.send("task.release", {"id": id, "version": version})
+
+
 class MemoryDifferential(DifferentialMachine):
     store = "memory"
 
@@ -456,6 +587,18 @@ class PooledDifferential(DifferentialMachine):
     """PostgreSQL through PgBouncer in transaction mode (``postgres_pool_mode``)."""
 
     store = "postgres-transaction"
+
+
+class MemoryFlow(FlowMachine):
+    store = "memory"
+
+
+class SqliteFlow(FlowMachine):
+    store = "sqlite"
+
+
+class PostgresFlow(FlowMachine):
+    store = "postgres"
 
 
 SETTINGS = settings(
@@ -493,6 +636,33 @@ def test_troth_agrees_with_the_model(machine: type[DifferentialMachine]) -> None
             PostgresDifferential: DEFAULT_PG_EXAMPLES,
             PooledDifferential: DEFAULT_POOLED_EXAMPLES,
         }.get(machine, EXAMPLES)
+        run_state_machine_as_test(machine, settings=settings(SETTINGS, max_examples=examples))
+        return
+    for i, start in enumerate(range(0, EXAMPLES, CHUNK)):
+        n = min(CHUNK, EXAMPLES - start)
+        print(
+            f"run {i}: TROTH_DIFF_SEED={SEED + i} TROTH_DIFF_EXAMPLES={n} TROTH_DIFF_STEPS={STEPS}"
+        )
+        run_state_machine_as_test(
+            seed(SEED + i)(machine), settings=settings(SETTINGS, max_examples=n)
+        )
+
+
+#: The flow-control variant's default examples (the limit drawn first, then a script).
+DEFAULT_FLOW_EXAMPLES = 80
+DEFAULT_PG_FLOW_EXAMPLES = 20
+
+
+@pytest.mark.timeout(0 if SEED is not None else 600)
+@pytest.mark.parametrize(
+    "machine", [MemoryFlow, SqliteFlow, PostgresFlow], ids=["memory", "sqlite", "postgres"]
+)
+def test_troth_agrees_with_the_model_under_limits(machine: type[FlowMachine]) -> None:
+    """Random scripts under a concurrency limit: answers (409 refusals of
+    ``task.acquire`` included), stores (which tasks have an ``execute``), properties,
+    and each group's slots and held tasks, after every step."""
+    if SEED is None:
+        examples = DEFAULT_PG_FLOW_EXAMPLES if machine is PostgresFlow else DEFAULT_FLOW_EXAMPLES
         run_state_machine_as_test(machine, settings=settings(SETTINGS, max_examples=examples))
         return
     for i, start in enumerate(range(0, EXAMPLES, CHUNK)):

@@ -83,6 +83,71 @@ def test_fence_preload_includes_the_sibling_it_created(store: str) -> None:
     )
 
 
+# ---------------------------------------------------------------------- troth bugs, open
+#
+# Found by the flow-control scripts (``FlowMachine``) and replayed here, marked
+# ``xfail(strict=True)`` until troth is fixed (then the mark goes and the test stays).
+
+#: A ``troth:priority`` the store's ``flow_held.priority`` column cannot hold, by
+#: backend: PostgreSQL's ``INTEGER`` is 32 bits, SQLite's 64; memory holds any.
+TOO_BIG = {"postgres": "3000000000", "sqlite": "99999999999999999999"}
+PRIORITY_BUG = (
+    "troth bug: a troth:priority beyond the flow_held.priority column's range (PostgreSQL "
+    "INTEGER, SQLite 64-bit) fails the job that queues the task: 500, nothing stored"
+)
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=PRIORITY_BUG)
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_a_held_task_with_a_huge_priority_is_created(backend: str) -> None:
+    """troth bug, open.  docs/operations.md ("Flow control"): ``troth:priority`` is "an
+    integer as a string", with no range given, and a task beyond the limit is held.
+    Under a concurrency limit of 1 with its slot taken, creating ``b`` with
+    ``troth:priority`` 3000000000 (PostgreSQL; 10**20 on SQLite) must answer 200 and
+    hold ``b`` (the model; memory does).  troth answers **500** ("Internal error …;
+    nothing was changed"): the held row's priority overflows the ``flow_held.priority``
+    column (PostgreSQL ``integer out of range``, SQLite ``OverflowError``), so the
+    promise cannot be created at all while its group is full."""
+    replay(
+        backend,
+        [
+            ("limit", {"group": "w", "concurrency": 1}),
+            task_create("a", 60_000, TGT),
+            ("promise.create", create("b", 21_000, {**TGT, "troth:priority": TOO_BIG[backend]})),
+        ],
+    )
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=PRIORITY_BUG)
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_a_huge_priority_does_not_stall_the_timer(backend: str) -> None:
+    """troth bug, open, and the worse face of the one above: the timer.  ``b`` (priority
+    -3000000000; -10**20 on SQLite) is let through while the slot is free, so no held
+    row is written; a worker takes it with a 100 ms lease; ``c`` is held; an unrelated
+    external promise ``x`` times out at 2000.  At the tick at 2000 ``b``'s lease
+    expires, ``b`` goes back to the queue *behind* ``c`` (lower priority), ``c`` is let
+    through, and ``b``'s held row is written — which overflows the column.  Expected
+    (the model): the tick persists ``x``'s timeout, re-pends ``b`` (held) and sends
+    ``c``'s ``execute``.  troth: the whole timer pass fails (``debug.tick`` 500,
+    "nothing was changed"): ``x`` stays pending in the store, ``b`` stays acquired,
+    ``c`` gets nothing — and since every later pass meets the same expired lease
+    first, the running server's timer would fail the same way on every pass, for
+    every due deadline, until ``b``'s promise is settled by a request."""
+    big = "-" + TOO_BIG[backend]
+    replay(
+        backend,
+        [
+            ("limit", {"group": "w", "concurrency": 1}),
+            ("promise.create", create("b", 60_000, {**TGT, "troth:priority": big})),
+            ("task.acquire", {"id": "b", "version": 0, "pid": "w1", "ttl": 100}),
+            ("promise.create", create("c", 60_000, TGT)),
+            ("promise.create", create("x", 2000, EXT)),
+            ("advance", 1000),
+            ("tick", None),
+        ],
+    )
+
+
 # ---------------------------------------------------------------------- model bugs
 
 
@@ -200,6 +265,38 @@ def test_two_wakes_in_one_tick_may_be_recorded_in_either_order(store: str) -> No
             ("advance", 1000),
             ("tick", None),
             ("task.get", {"id": "a"}),
+        ],
+    )
+
+
+def test_occurrences_queued_in_one_tick_take_turns_first_created(store: str) -> None:
+    """Model bug (found by the flow scripts).  Under a concurrency limit, one tick
+    creates three schedule occurrences (``~s/80000``, ``~s/90000``, ``~s/100000``,
+    each created at its own instant) and times out the task holding the slot; all
+    three are queued in that pass, with one key.  The model gave them their turns in
+    id order, so ``~s/100000`` got the slot; troth queues them first created, first
+    queued (docs/operations.md "Flow control": "then first created"), so
+    ``~s/80000`` gets it.  The model now queues a job's tasks in creation order."""
+    replay(
+        store,
+        [
+            ("limit", {"group": "w", "concurrency": 1}),
+            task_create("a", 60_000, TGT),
+            ("promise.create", create("b", 41_000, TGT)),
+            ("advance", 70_000),
+            (
+                "schedule.create",
+                {
+                    "id": "s",
+                    "cron": "*/10 * * * * *",
+                    "promiseId": "{{.timestamp}}",
+                    "promiseTimeout": 60_000,
+                    "promiseParam": {"data": "p"},
+                    "promiseTags": TGT,
+                },
+            ),
+            ("advance", 30_000),
+            ("tick", None),
         ],
     )
 

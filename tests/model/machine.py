@@ -20,11 +20,17 @@ Where the specification leaves a choice, the model follows troth's documented on
 * reserved ids (``~…`` and ``""``) at every create door;
 * the fenced SDK sleep: timer + target inside ``task.fence`` is stored as a plain timer;
 * ``external`` also counts ``resonate:scope`` = ``"global"`` (the TypeScript SDK's
-  awaitable promises).
+  awaitable promises);
+* flow control, troth's extension beyond the specification (docs/operations.md "Flow
+  control", docs/protocol.md "Concurrency limits"): concurrency limits per worker
+  group with ``troth:priority``, turns across ``troth:key`` and ``perKey``, kept by a
+  gate after each job (``gate`` below, written from those two pages), and rate
+  limits as a token bucket counting starts.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -205,13 +211,84 @@ class Entry:
 
 
 @dataclass(frozen=True)
+class Limit:
+    """troth: a limit on a worker group: ``concurrency`` (``None``: no cap),
+    ``per_key``, and ``rate`` starts a second with a bucket of ``burst`` tokens."""
+
+    group: str
+    concurrency: int | None = None
+    per_key: int | None = None
+    rate: float | None = None
+    burst: int = 1
+
+    def next_start(self, tat: float) -> float:
+        """When the bucket next has a token: ``tat`` is the instant it is full again
+        (each start adds 1/rate to it); a start needs it within ``burst - 1``
+        intervals of now."""
+        assert self.rate is not None
+        return tat - (self.burst - 1) * 1000 / self.rate
+
+    def take(self, tat: float, now: int) -> float:
+        """A start at ``now`` (in debt if the bucket is empty: ``task.create``)."""
+        assert self.rate is not None
+        return max(tat, now) + 1000 / self.rate
+
+
+@dataclass(frozen=True)
+class Held:
+    """troth: a task queued for a slot of its group, where its ``execute`` goes once let
+    through, and its place: priority, turn, creation (then id)."""
+
+    task_id: str
+    group: str
+    address: str
+    priority: int
+    created_at: int
+    key: str
+    turn: int
+
+    def place(self) -> tuple[int, int, int, str]:
+        return (-self.priority, self.turn, self.created_at, self.task_id)
+
+
+@dataclass(frozen=True)
+class Flow:
+    """troth's flow-control bookkeeping (not the specification's): the limits, the
+    tasks holding a slot (id, group, key), the held tasks, and per group the turn of
+    the last task let through.  Empty (no limit) changes nothing."""
+
+    limits: tuple[Limit, ...] = ()
+    slots: tuple[tuple[str, str, str], ...] = ()
+    held: tuple[Held, ...] = ()
+    turns: tuple[tuple[str, int], ...] = ()
+    tats: tuple[tuple[str, float], ...] = ()  # rate limits: when each bucket is full
+
+    def limit(self, group: str | None) -> Limit | None:
+        return next((x for x in self.limits if x.group == group), None)
+
+    def slot(self, id: str) -> tuple[str, str, str] | None:
+        return next((x for x in self.slots if x[0] == id), None)
+
+    def queued(self, id: str) -> Held | None:
+        return next((h for h in self.held if h.task_id == id), None)
+
+    def in_use(self, group: str, key: str | None = None) -> int:
+        return sum(1 for _, g, k in self.slots if g == group and (key is None or k == key))
+
+    def turn(self, group: str) -> int:
+        return next((n for g, n in self.turns if g == group), 0)
+
+
+@dataclass(frozen=True)
 class State:
-    """``ServerState``: four lists keyed by id / key; ``State()`` is ``init``."""
+    """``ServerState``: four lists keyed by id / key; ``State()`` is ``init``.  ``flow``
+    is troth's extension (flow control), empty unless a limit is set."""
 
     promises: tuple[Promise, ...] = ()
     tasks: tuple[Task, ...] = ()
     schedules: tuple[Schedule, ...] = ()
     outbox: tuple[Entry, ...] = ()
+    flow: Flow = Flow()
 
     def promise(self, id: str) -> Promise | None:
         return next((p for p in self.promises if p.id == id), None)
@@ -422,7 +499,7 @@ def apply(state: State, writes: Iterable[Write]) -> State:
             outbox = [e for e in outbox if e.key != obj.key] + [obj]
         else:  # pragma: no cover - a typo in this file
             raise ValueError(kind)
-    return State(tuple(promises), tuple(tasks), tuple(schedules), tuple(outbox))
+    return State(tuple(promises), tuple(tasks), tuple(schedules), tuple(outbox), state.flow)
 
 
 # ---------------------------------------------------------------------- troth's doors
@@ -1106,7 +1183,11 @@ def after_request(
     response, after = handle(state, kind, req, now)
     request = Transition(("request", kind), after, internal=False)
     chain = quiesce(after, now, lambda name, current: False, written_rows(state, after))
-    return response, [request, *chain]
+    acquiring = req.get("id") if kind == "task.acquire" else None
+    gated = gate(state, [request, *chain], now, acquiring)
+    if gated is None:
+        return refuse(409), []
+    return response, gated
 
 
 def timer_allows(name: StepName, state: State) -> bool:
@@ -1123,5 +1204,240 @@ def tick(state: State, now: int) -> list[Transition]:
     """troth's timer at ``now`` (``debug.tick``): every step due on its index
     (``timer_allows``) and every step enabled on a row those write, to quiescence —
     so r1 also fires on an internal schedule occurrence that r7 created already past
-    its deadline."""
-    return quiesce(state, now, timer_allows, set())
+    its deadline.  troth: with a limit set, the gate follows the timer's pass."""
+    chain = quiesce(state, now, timer_allows, set())
+    gated = gate(state, chain, now)
+    assert gated is not None  # only a task.acquire is refused
+    return gated
+
+
+# ---------------------------------------------------------------------- troth: flow control
+
+PRIORITY = "troth:priority"
+KEY = "troth:key"
+
+
+def group_of(address: str) -> str | None:
+    """troth: what a limit is named by (docs/operations.md "Flow control"): the group
+    of ``poll://any@GROUP`` or ``poll://uni@GROUP/…``, or the push target
+    ``scheme://host[:port]`` (lower case, no path) of an ``http(s)://`` address."""
+    if address.startswith("poll://") and "@" in address:
+        group = address.split("@", 1)[1].split("/", 1)[0]
+        return group or None
+    for scheme in ("http://", "https://"):
+        if address.lower().startswith(scheme):
+            host = address[len(scheme) :].split("/", 1)[0].lower()
+            return scheme + host if host else None
+    return None
+
+
+def priority_of(tags: Tags) -> int:
+    """troth: ``troth:priority``, an integer as a string, default 0 (so is garbage)."""
+    try:
+        return int(tags.get(PRIORITY, "0"))
+    except ValueError:
+        return 0
+
+
+def set_limit(state: State, limit: Limit) -> State:
+    """troth: a **new** limit counts the group's tasks acquired at that moment (the
+    model sets limits before a script's first task only, so the count is 0 there)."""
+    flow = state.flow
+    slots = list(flow.slots)
+    if flow.limit(limit.group) is None:
+        for t in state.tasks:
+            p = state.promise(t.id)
+            if t.state == ACQUIRED and p is not None and flow.slot(t.id) is None:
+                if group_of(p.tags.get(TARGET, "")) == limit.group:
+                    slots.append((t.id, limit.group, p.tags.get(KEY, "")))
+    limits = (*(x for x in flow.limits if x.group != limit.group), limit)
+    # "a changed rate or burst starts with a full bucket" (a new one too)
+    was = flow.limit(limit.group)
+    fresh = was is None or (was.rate, was.burst) != (limit.rate, limit.burst)
+    tats = tuple((g, t) for g, t in flow.tats if g != limit.group or not fresh)
+    return replace(state, flow=replace(flow, limits=limits, slots=tuple(slots), tats=tats))
+
+
+class Gate:
+    """The flow-control step after one job (a request and the internal steps it
+    enabled, or one timer pass), over the job's net change ``before`` → ``after``:
+
+    * a task that became acquired takes a slot (``task.create`` even beyond the
+      limit); a ``task.acquire`` of a task holding none while its group has no slot
+      free, its key is at ``perKey``, or a held task comes before it, is refused: 409,
+      and the job changes nothing;
+    * a task that leaves ``acquired`` or ``pending`` (fulfilled, released, suspended,
+      halted, lease expired, settled otherwise) frees its slot; a pending task whose
+      ``execute`` is sent again (the retry timer) keeps it;
+    * an ``execute`` written for a task of a limited group that holds no slot is not
+      sent: troth: it is taken out of the outbox (with delivery paused, as in the
+      differential, every row is unsent) and its task queued, one turn past the last
+      held task of its key and past the last let through, or at the place it has;
+    * then each group whose slots or queue changed lets held tasks through in queue
+      order while slots are free, passing over those whose key is at ``perKey``: each
+      gets its ``execute`` in the same job and a slot;
+    * under a rate limit every start (a task let through, or acquired without having
+      been) takes a token; admission stops at the first task without one and moves
+      its ``retryAt`` to the token's time; ``task.acquire`` without a token is 409.
+    """
+
+    def __init__(self, before: State, after: State, now: int) -> None:
+        self.before, self.state, self.now = before, after, now
+        flow = after.flow
+        self.slots = {id: (g, k) for id, g, k in flow.slots}
+        self.held = {h.task_id: h for h in flow.held}
+        self.turns = dict(flow.turns)
+        self.tats = dict(flow.tats)
+        self.outbox = {e.key: e for e in after.outbox}
+
+    def done(self) -> State:
+        flow = replace(
+            self.state.flow,
+            slots=tuple((id, g, k) for id, (g, k) in self.slots.items()),
+            held=tuple(self.held.values()),
+            turns=tuple(self.turns.items()),
+            tats=tuple(self.tats.items()),
+        )
+        return replace(self.state, outbox=tuple(self.outbox.values()), flow=flow)
+
+    def group(self, id: str) -> tuple[Limit | None, Promise | None]:
+        p = self.state.promise(id)
+        if p is None:
+            return None, None
+        return self.state.flow.limit(group_of(p.tags.get(TARGET, ""))), p
+
+    def key_in_use(self, group: str, key: str) -> int:
+        return sum(1 for g, k in self.slots.values() if g == group and k == key)
+
+    def in_use(self, group: str) -> int:
+        return sum(1 for g, _ in self.slots.values() if g == group)
+
+    def queue(self, group: str) -> list[Held]:
+        return sorted((h for h in self.held.values() if h.group == group), key=Held.place)
+
+    def refused(self, id: str, limit: Limit, key: str) -> bool:
+        """docs/protocol.md "Concurrency limits": no slot free, or tasks queued before
+        it wait; docs/operations.md: its key at ``perKey``."""
+        group = limit.group
+        if limit.concurrency is not None and self.in_use(group) >= limit.concurrency:
+            return True
+        if limit.per_key is not None and self.key_in_use(group, key) >= limit.per_key:
+            return True
+        if limit.rate is not None and limit.next_start(self.tats.get(group, 0.0)) > self.now:
+            return True  # no token: "A task.acquire without a token gets 409"
+        waiting = [
+            h
+            for h in self.queue(group)
+            if limit.per_key is None or self.key_in_use(group, h.key) < limit.per_key
+        ]
+        return bool(waiting) and waiting[0].task_id != id
+
+    def keep(self, executes: set[str], acquiring: str | None) -> State | None:
+        """The gated state, or None for a refused ``task.acquire`` of ``acquiring``."""
+        touched: set[str] = set()
+        written = {t.id for t in self.state.tasks if self.before.task(t.id) != t}
+        for id in sorted(written | executes, key=self.created):
+            t = self.state.task(id)
+            limit, p = self.group(id)
+            if t is None or p is None or limit is None:
+                continue
+            old = self.before.task(id)
+            was = None if old is None else old.state
+            if was == ACQUIRED and t.state == ACQUIRED:
+                continue  # a heartbeat, a fence: its slot stays
+            key = p.tags.get(KEY, "")
+            if t.state == ACQUIRED:
+                if id in self.slots:
+                    continue
+                if id == acquiring and self.refused(id, limit, key):
+                    return None
+                if limit.rate is not None:  # a start; task.create's even in debt
+                    self.tats[limit.group] = limit.take(self.tats.get(limit.group, 0.0), self.now)
+                self.slots[id] = (limit.group, key)
+                self.held.pop(id, None)
+                continue
+            if id in self.slots:
+                if t.state == PENDING and was == PENDING:
+                    continue  # its execute sent again: no worker has it yet
+                del self.slots[id]
+                touched.add(limit.group)
+            if t.state != PENDING:
+                self.held.pop(id, None)
+            if id in executes and t.state == PENDING:
+                entry = self.outbox.pop(id)
+                self.held[id] = self.place(id, limit.group, entry.address, p, key)
+                touched.add(limit.group)
+        for group in sorted(touched):
+            limit = self.state.flow.limit(group)
+            assert limit is not None
+            self.admit(limit)
+        return self.done()
+
+    def created(self, id: str) -> tuple[int, str]:
+        """troth: tasks queued in one job (a timer pass: schedule occurrences, expired
+        leases) take their turns first created, first queued ("then first created")."""
+        p = self.state.promise(id)
+        return (0 if p is None else p.created_at, id)
+
+    def place(self, id: str, group: str, address: str, p: Promise, key: str) -> Held:
+        """A task re-offered while held keeps its place; otherwise troth: one turn past
+        the last held task of its key and past the group's last let through."""
+        kept = self.held.get(id)
+        if kept is not None and kept.group == group:
+            return replace(kept, address=address)
+        mine = [h.turn for h in self.held.values() if h.group == group and h.key == key]
+        turn = max([self.turns.get(group, 0), *mine]) + 1
+        return Held(id, group, address, priority_of(p.tags), p.created_at, key, turn)
+
+    def admit(self, limit: Limit) -> None:
+        group = limit.group
+        free = None if limit.concurrency is None else limit.concurrency - self.in_use(group)
+        for h in self.queue(group):
+            if free is not None and free <= 0:
+                break
+            t = self.state.task(h.task_id)
+            p = self.state.promise(h.task_id)
+            if (
+                t is None
+                or t.state != PENDING
+                or p is None
+                or project(p, self.now).state != PENDING
+                or h.task_id in self.slots
+            ):
+                del self.held[h.task_id]  # no longer waiting
+                continue
+            if limit.per_key is not None and self.key_in_use(group, h.key) >= limit.per_key:
+                continue  # passed over, keeping its place
+            if limit.rate is not None:
+                tat = self.tats.get(group, 0.0)
+                at = limit.next_start(tat)
+                if at > self.now:
+                    # "the first held task's retry time moves to when its token
+                    # comes" (troth: ms rounded up; never later than it was)
+                    due = math.ceil(at)
+                    if t.retry_at is None or t.retry_at > due:
+                        self.state = apply(self.state, [("task", replace(t, retry_at=due))])
+                    break
+                self.tats[group] = limit.take(tat, self.now)
+            del self.held[h.task_id]
+            self.outbox[h.task_id] = Entry(h.address, Execute(t.id, t.version))
+            self.slots[h.task_id] = (group, h.key)
+            self.turns[group] = max(self.turns.get(group, 0), h.turn)
+            if free is not None:
+                free -= 1
+
+
+def gate(
+    before: State, chain: list[Transition], now: int, acquiring: str | None = None
+) -> list[Transition] | None:
+    """troth: one job's chain with the flow-control step after it (a ``("gate",)``
+    transition when it changed anything), or None when the job is refused."""
+    if not before.flow.limits or not chain:
+        return chain
+    executes = {t.label[1] for t in chain if t.label[0] == "r6"}
+    after = Gate(before, chain[-1].state, now).keep(executes, acquiring)
+    if after is None:
+        return None
+    if after != chain[-1].state:
+        chain = [*chain, Transition(("gate",), after, internal=False)]
+    return chain

@@ -45,6 +45,7 @@ from troth.server.run import build_app
 
 Json = dict[str, Any]
 Op = tuple[str, Any]  # (request kind, data) | ("advance", ms) | ("tick", None)
+#                        | ("limit", {"group", "concurrency", "perKey", "rate", "burst"})
 
 START = 1000  # the clock of a fresh script (ms)
 
@@ -74,6 +75,16 @@ EXPIRED_AT_GRANT_EXEMPT = {
     "monotone_task_version_increases_only_on_acquisition",
     "consistent_task_retry_rearm_only_when_due",
     "consistent_task_resumes_cleared_only_on_dispatch_or_park",
+}
+
+#: Properties of the specification that troth's flow control (an extension beyond it,
+#: docs/operations.md "Flow control") breaks by design, skipped only while a limit is
+#: set: on troth's pair, and on the model's ``("gate",)`` step.
+FLOW_EXEMPT = {
+    # a held task's execute, written and not yet sent, is withdrawn from the outbox
+    "monotone_outbox_keys_never_disappear",
+    # under a rate limit, the first held task's retryAt moves to when its token comes
+    "consistent_task_retry_rearm_only_when_due",
 }
 
 # ---------------------------------------------------------------------- the snapshot
@@ -249,6 +260,17 @@ class Troth:
     def snap(self) -> m.State:
         return from_snap(self.ok("debug.snap", {}))
 
+    def set_limit(self, body: Json) -> None:
+        """``POST /ops/limits/set`` (the operator API; no auth in these tests)."""
+        reply = self._run(self.client.post("/ops/limits/set", json=body))
+        assert reply.status_code == 200, (body, reply.status_code, reply.text)
+
+    def limits(self) -> dict[str, tuple[int, int]]:
+        """``GET /ops/limits``: each group's slots in use and tasks held."""
+        reply = self._run(self.client.get("/ops/limits"))
+        assert reply.status_code == 200, reply.text
+        return {x["group"]: (x["inUse"], x["held"]) for x in reply.json()["limits"]}
+
     def close(self) -> None:
         try:
             self._run(self.client.aclose())
@@ -336,6 +358,8 @@ class Differential:
             self.advance(arg)
         elif kind == "tick":
             self.tick()
+        elif kind == "limit":
+            self.limit(arg)
         else:
             self.request(kind, arg)
 
@@ -385,6 +409,22 @@ class Differential:
             ours["cursor"], theirs["cursor"] = our_cursor, their_cursor
         self.check(self.model, [], internal=False)
 
+    def limit(self, body: Json) -> None:
+        """An operator sets a concurrency limit (troth's flow control): nothing else
+        changes, on either side, until a job runs."""
+        self.ops.append(("limit", body))
+        self.troth.set_limit(body)
+        limit = m.Limit(
+            body["group"],
+            body.get("concurrency"),
+            body.get("perKey"),
+            body.get("rate"),
+            body.get("burst") or 1,
+        )
+        before = self.model
+        self.model = m.set_limit(before, limit)
+        self.check(self.model, [], internal=False)
+
     def advance(self, dt: int) -> None:
         """The clock moves and nothing fires (the specification's ``idle`` step)."""
         self.ops.append(("advance", dt))
@@ -407,18 +447,23 @@ class Differential:
         do not compose (:data:`COMPOSITE_EXEMPT`), and of every single step of the
         model's chain between the same two states; a tick also keeps provenance."""
         self.steps += 1
-        STATS.update((t.label[0], "fired") for t in chain if t.internal)
+        STATS.update((t.label[0], "fired") for t in chain if t.internal or t.label == ("gate",))
         expected = chain[-1].state if chain else before
         after = self.troth.snap()
         diff = state_diff(expected, after)
         if diff:
             fired = [t.label for t in chain]
             self.fail(f"store differs (model fired {fired}):\n  " + "\n  ".join(diff))
-        self.model = after  # equal to the model's, up to row order
+        # Equal to the model's, up to row order; troth's flow tables are not in the
+        # snapshot, so the model keeps its own, compared through GET /ops/limits.
+        self.model = replace(after, flow=expected.flow)
+        if expected.flow.limits:
+            self.check_limits(expected.flow, chain)
         now = self.now
-        if bad := state_failures(now, after):
+        flow = FLOW_EXEMPT if expected.flow.limits else set()
+        if bad := [x for x in state_failures(now, after) if x not in flow]:
             self.fail(f"state properties fail on troth's store: {bad}")
-        skip: set[str] = set()
+        skip = set(flow)
         if len(chain) > 1:
             skip |= COMPOSITE_EXEMPT
             if not internal and any(t.label[0] == "r5" for t in chain):
@@ -432,13 +477,25 @@ class Differential:
             chain = [m.Transition(("idle",), after, internal=False)]
         states = [before, *(t.state for t in chain[:-1]), after]
         for (a, b), tr in zip(itertools.pairwise(states), chain, strict=True):
-            bad, more = trans_failures_with_findings(now, a, b)
-            if bad := state_failures(now, b) + bad:
+            bad, more = trans_failures_with_findings(now, a, b, flow)
+            if bad := [x for x in state_failures(now, b) if x not in flow] + bad:
                 self.fail(f"the model's own step {tr.label} breaks {bad}")
             if tr.internal and (bad := internal_failures(now, a, b)):
                 self.fail(f"the model's internal step {tr.label} breaks provenance: {bad}")
             found += more
         STATS.update(("finding", name) for name in found)
+
+    def check_limits(self, flow: m.Flow, chain: list[m.Transition]) -> None:
+        """Each limited group's slots in use and held tasks, as ``troth limits list``
+        shows them, equal the model's."""
+        ours = {
+            x.group: (flow.in_use(x.group), sum(1 for h in flow.held if h.group == x.group))
+            for x in flow.limits
+        }
+        theirs = self.troth.limits()
+        if ours != theirs:
+            fired = [t.label for t in chain]
+            self.fail(f"limits differ (model fired {fired}):\n  model: {ours}\n  troth: {theirs}")
 
 
 def replay(store: str, ops: Iterable[Op]) -> Differential:
