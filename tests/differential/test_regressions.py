@@ -83,31 +83,26 @@ def test_fence_preload_includes_the_sibling_it_created(store: str) -> None:
     )
 
 
-# ---------------------------------------------------------------------- troth bugs, open
+# ------------------------------------------------------- flow control's priority range
 #
-# Found by the flow-control scripts (``FlowMachine``) and replayed here, marked
-# ``xfail(strict=True)`` until troth is fixed (then the mark goes and the test stays).
+# Found by the flow-control scripts (``FlowMachine``), fixed: a priority beyond a
+# 32-bit integer counts as its bound, on every store.
 
 #: A ``troth:priority`` the store's ``flow_held.priority`` column cannot hold, by
 #: backend: PostgreSQL's ``INTEGER`` is 32 bits, SQLite's 64; memory holds any.
 TOO_BIG = {"postgres": "3000000000", "sqlite": "99999999999999999999"}
-PRIORITY_BUG = (
-    "troth bug: a troth:priority beyond the flow_held.priority column's range (PostgreSQL "
-    "INTEGER, SQLite 64-bit) fails the job that queues the task: 500, nothing stored"
-)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=PRIORITY_BUG)
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 def test_a_held_task_with_a_huge_priority_is_created(backend: str) -> None:
-    """troth bug, open.  docs/operations.md ("Flow control"): ``troth:priority`` is "an
-    integer as a string", with no range given, and a task beyond the limit is held.
+    """Was a bug (fixed).  docs/operations.md ("Flow control"): ``troth:priority`` is
+    "an integer as a string", bounded at ±(2**31 - 1), and a task beyond the limit is
+    held.
     Under a concurrency limit of 1 with its slot taken, creating ``b`` with
     ``troth:priority`` 3000000000 (PostgreSQL; 10**20 on SQLite) must answer 200 and
-    hold ``b`` (the model; memory does).  troth answers **500** ("Internal error …;
-    nothing was changed"): the held row's priority overflows the ``flow_held.priority``
-    column (PostgreSQL ``integer out of range``, SQLite ``OverflowError``), so the
-    promise cannot be created at all while its group is full."""
+    hold ``b``.  troth answered **500**: the held row's priority overflowed the
+    ``flow_held.priority`` column (PostgreSQL ``integer out of range``, SQLite
+    ``OverflowError``), so the promise could not be created while its group was full."""
     replay(
         backend,
         [
@@ -118,21 +113,19 @@ def test_a_held_task_with_a_huge_priority_is_created(backend: str) -> None:
     )
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=PRIORITY_BUG)
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 def test_a_huge_priority_does_not_stall_the_timer(backend: str) -> None:
-    """troth bug, open, and the worse face of the one above: the timer.  ``b`` (priority
+    """Was a bug (fixed), the worse face of the one above: the timer.  ``b`` (priority
     -3000000000; -10**20 on SQLite) is let through while the slot is free, so no held
     row is written; a worker takes it with a 100 ms lease; ``c`` is held; an unrelated
     external promise ``x`` times out at 2000.  At the tick at 2000 ``b``'s lease
     expires, ``b`` goes back to the queue *behind* ``c`` (lower priority), ``c`` is let
     through, and ``b``'s held row is written — which overflows the column.  Expected
     (the model): the tick persists ``x``'s timeout, re-pends ``b`` (held) and sends
-    ``c``'s ``execute``.  troth: the whole timer pass fails (``debug.tick`` 500,
-    "nothing was changed"): ``x`` stays pending in the store, ``b`` stays acquired,
-    ``c`` gets nothing — and since every later pass meets the same expired lease
-    first, the running server's timer would fail the same way on every pass, for
-    every due deadline, until ``b``'s promise is settled by a request."""
+    ``c``'s ``execute``.  troth failed the whole timer pass (``debug.tick`` 500): ``x``
+    stayed pending, ``b`` acquired, ``c`` got nothing — and every later pass met the
+    same expired lease first, so the timer failed on every pass until ``b``'s promise
+    was settled by a request."""
     big = "-" + TOO_BIG[backend]
     replay(
         backend,

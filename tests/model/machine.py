@@ -1231,12 +1231,18 @@ def group_of(address: str) -> str | None:
     return None
 
 
+#: troth: a priority beyond ±(2**31 - 1) counts as that bound (docs/operations.md).
+PRIORITY_BOUND = 2**31 - 1
+
+
 def priority_of(tags: Tags) -> int:
-    """troth: ``troth:priority``, an integer as a string, default 0 (so is garbage)."""
+    """troth: ``troth:priority``, an integer as a string, default 0 (so is garbage),
+    bounded at ±(2**31 - 1)."""
     try:
-        return int(tags.get(PRIORITY, "0"))
+        n = int(tags.get(PRIORITY, "0"))
     except ValueError:
         return 0
+    return max(-PRIORITY_BOUND, min(PRIORITY_BOUND, n))
 
 
 def set_limit(state: State, limit: Limit) -> State:
