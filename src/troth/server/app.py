@@ -390,7 +390,7 @@ class App:
 
     async def ready(self, send: Send) -> None:
         """200 while the store takes writes; 503 with the reason while it does not
-        (``server/health.py``).  Between faults, a store that committed no write for
+        (``engine/health.py``).  Between faults, a store that committed no write for
         :data:`QUIET` seconds is asked to commit the probe's; one that did is pinged.
         What either meets is an episode's start, as a refused batch would be."""
         engine = self.engine
@@ -557,7 +557,7 @@ class App:
         """The answer to a request whose serving raised ``exc``."""
         kind, corr = admitted.kind, admitted.corr
         if isinstance(exc, StoreFault):
-            # Full, read-only, out of reach: logged once per episode (server/health.py).
+            # Full, read-only, out of reach: logged once per episode (engine/health.py).
             return kind, corr, 503, str(exc), admitted
         if isinstance(exc, StoreUnavailable):
             # The database is down or restarting, or the batch lost every attempt to

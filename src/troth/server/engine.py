@@ -28,6 +28,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from troth.engine.clock import SLICE, ClockWatch
+from troth.engine.health import StoreHealth
+from troth.engine.waiting import cancel_and_wait, wait_event
 from troth.flow.changes import read_limits, reconcile, seed_limits
 from troth.flow.gate import Flow
 from troth.flow.limits import Limit
@@ -37,9 +40,6 @@ from troth.machine.state import Response
 from troth.outbox.rows import OutboxRow
 from troth.plural import counted
 from troth.protocol import requests as rq
-from troth.server.clock import SLICE, ClockWatch
-from troth.server.health import StoreHealth
-from troth.server.waiting import cancel_and_wait, wait_event
 from troth.store.base import BeginWouldWait, Job, Outcome, Overlay, Store
 from troth.store.faults import StoreFault, StoreUnavailable
 
@@ -154,9 +154,9 @@ class Engine:
         self.stats = EngineStats()
         #: The limits of worker groups, kept by every job that writes (``troth/flow``).
         self.flow = Flow()
-        #: Whether the store takes writes (``server/health.py``): ``/ready``, metrics.
+        #: Whether the store takes writes (``engine/health.py``): ``/ready``, metrics.
         self.health = StoreHealth()
-        #: Steps of the wall clock, as the timer notices them (``server/clock.py``).
+        #: Steps of the wall clock, as the timer notices them (``engine/clock.py``).
         self.clock_watch = ClockWatch(clock)
         self.paused = False
         #: A batch alone commits on the event loop (``lone_commit = loop``,
@@ -919,7 +919,7 @@ class Engine:
         """Until woken, until ``delay`` seconds passed, or until the wall clock reached
         ``deadline``, whichever comes first — in slices of at most :data:`SLICE`
         seconds, reading the wall clock after each: sleeps run on the monotonic clock,
-        which a step of the wall clock does not move (``server/clock.py``)."""
+        which a step of the wall clock does not move (``engine/clock.py``)."""
         assert self._wake is not None
         loop = asyncio.get_running_loop()
         end = None if delay is None else loop.time() + delay

@@ -32,10 +32,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
 
+from troth.engine.waiting import cancel_and_wait
 from troth.plural import counted
 from troth.server.engine import Engine
 from troth.server.metrics import Metrics
-from troth.server.waiting import cancel_and_wait
 from troth.store.retention import START, Swept, Tree
 
 log = logging.getLogger("troth.retention")

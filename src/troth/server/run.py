@@ -18,6 +18,7 @@ from typing import Any
 import uvicorn
 
 from troth import __version__, redact
+from troth.engine.health import WRITABLE, WRITE_ERRORS
 from troth.machine.internal import Config
 from troth.outbox import codes
 from troth.outbox.types import DispatchConfig, OutboxSender
@@ -30,7 +31,6 @@ from troth.server.config import ConfigError, Settings, push_token_map
 from troth.server.delivery import DeliveryLoop
 from troth.server.direct import http_protocol
 from troth.server.engine import DEADLINE, Commit, Engine
-from troth.server.health import WRITABLE, WRITE_ERRORS
 from troth.server.metrics import Metrics
 from troth.server.retention import Archive, RetentionLoop
 from troth.server.scrape import StoreGauges
@@ -179,14 +179,14 @@ def build_app(settings: Settings, store: Store | None = None) -> App:
 
 def watch_store_health(engine: Engine, metrics: Metrics) -> None:
     """``troth_store_writable`` and ``troth_store_write_errors_total{reason}``, every
-    reason's series there from the start (server/health.py); the steps of the wall
-    clock the timer noticed (server/clock.py)."""
+    reason's series there from the start (engine/health.py); the steps of the wall
+    clock the timer noticed (engine/clock.py)."""
     health = engine.health
     for reason in REASONS:
         metrics.inc(WRITE_ERRORS, 0, reason=reason)
     health.count = lambda reason: metrics.inc(WRITE_ERRORS, reason=reason)
     metrics.gauge(WRITABLE, lambda: 0.0 if health.fault is not None else 1.0)
-    watch = engine.clock_watch  # steps of the wall clock (server/clock.py)
+    watch = engine.clock_watch  # steps of the wall clock (engine/clock.py)
     metrics.inc("troth_clock_jumps_total", 0)
     watch.on_jump = lambda ms: metrics.inc("troth_clock_jumps_total")
     metrics.gauge("troth_clock_last_jump_seconds", lambda: watch.last_jump_ms / 1000)

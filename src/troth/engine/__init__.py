@@ -1,0 +1,1 @@
+"""The engine: runs requests in store transactions and drives the timer."""
