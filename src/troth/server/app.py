@@ -18,6 +18,7 @@ from typing import Any, Protocol, get_args
 import msgspec
 
 from troth import PROTOCOL_VERSION
+from troth.engine import Engine, Traced
 from troth.flow.limits import parse_limits
 from troth.machine.core import request_ids
 from troth.machine.state import Response
@@ -34,7 +35,6 @@ from troth.server.cluster import Cluster
 from troth.server.config import Settings, cors_origins
 from troth.server.cors import Cors, served
 from troth.server.delivery import DeliveryLoop
-from troth.server.engine import Engine, Traced
 from troth.server.logs import FIELDS, access_fields
 from troth.server.metrics import Metrics
 from troth.server.nats import NatsIngress

@@ -59,11 +59,11 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from troth import __version__
+from troth.engine import Engine
 from troth.engine.waiting import wait_event
 from troth.ops.workers import ClusterView, NodeInfo, WorkerInfo
 from troth.outbox import codes
 from troth.server.delivery import DeliveryLoop
-from troth.server.engine import Engine
 from troth.store.migrate import load_migrations
 from troth.store.outbox import REVIVE_WINDOW
 from troth.store.postgres import CHANNEL, PostgresStore, Routing

@@ -32,9 +32,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
 
+from troth.engine import Engine
 from troth.engine.waiting import cancel_and_wait
 from troth.plural import counted
-from troth.server.engine import Engine
 from troth.server.metrics import Metrics
 from troth.store.retention import START, Swept, Tree
 

@@ -18,6 +18,7 @@ from typing import Any
 import uvicorn
 
 from troth import __version__, redact
+from troth.engine import DEADLINE, Commit, Engine
 from troth.engine.health import WRITABLE, WRITE_ERRORS
 from troth.machine.internal import Config
 from troth.outbox import codes
@@ -30,7 +31,6 @@ from troth.server.cluster import default_node_id
 from troth.server.config import ConfigError, Settings, push_token_map
 from troth.server.delivery import DeliveryLoop
 from troth.server.direct import http_protocol
-from troth.server.engine import DEADLINE, Commit, Engine
 from troth.server.metrics import Metrics
 from troth.server.retention import Archive, RetentionLoop
 from troth.server.scrape import StoreGauges
