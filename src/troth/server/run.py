@@ -72,14 +72,26 @@ def build_app(settings: Settings, store: Store | None = None) -> App:
     """Wire store, engine, transports, dispatcher and metrics into one app."""
     metrics = Metrics()
     store = store or open_store(settings)
-    engine = Engine(store, Config(retry_timeout=settings.retry_timeout))
-    engine.lone_commit_here = settings.lone_commit == "loop"
+    node = settings.node_id or default_node_id()
+    tracing = None
+    if settings.tracing:
+        from troth.server import tracing as otel
+
+        tracing = otel.enable(node)
+        tracing.lookup = otel.reader(store)
+    deadline = DEADLINE
     if settings.store == "postgres":
         # A request waits out postgres_outage_wait (a failover) inside its batch; its
         # deadline leaves that wait a second to end in a commit or a 503 of its own.
-        engine.deadline = max(DEADLINE, settings.postgres_outage_wait + 1.0)
+        deadline = max(DEADLINE, settings.postgres_outage_wait + 1.0)
+    engine = Engine(
+        store,
+        Config(retry_timeout=settings.retry_timeout),
+        on_timer=None if tracing is None else tracing.timer,
+        lone_commit_here=settings.lone_commit == "loop",
+        deadline=deadline,
+    )
     registry = Registry(max_total=settings.max_sse, max_per_group=settings.max_sse_per_group)
-    node = settings.node_id or default_node_id()
     metrics.gauge("troth_sse_connections", lambda: float(registry.count()))
     metrics.gauge("troth_timer_passes_total", lambda: float(engine.stats.ticks))
     metrics.gauge("troth_timer_lag_seconds", lambda: engine.stats.lag_ms / 1000)
@@ -101,15 +113,11 @@ def build_app(settings: Settings, store: Store | None = None) -> App:
     if settings.nats_url:
         nats = NatsLink(settings.nats_url, name=f"troth {node}")
         senders[NATS] = NatsSender(nats, settings.url, flush_timeout=settings.send_timeout)
-    tracing = None
-    if settings.tracing:
+    if tracing is not None:
         from troth.server import tracing as otel
 
-        tracing = otel.enable(node)
-        tracing.lookup = otel.reader(engine.store)
         senders = {scheme: tracing.sender(sender) for scheme, sender in senders.items()}
         http.propagate = otel.inject
-        engine.on_timer = tracing.timer
     router = Router(senders, undeliverable_reporter(metrics))
     delivery = DeliveryLoop(engine, router, config, metrics)
 
