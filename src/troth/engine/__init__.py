@@ -19,9 +19,9 @@ queued and how an outcome is answered), ``requests`` (the request API),
 ``batches`` (batches on the event loop), ``writer`` (the writer and reader
 threads), ``commits`` (what follows a batch), ``watchdog`` (no job waits past its
 deadline), ``probing`` and ``health`` (whether the store takes writes), ``timer``
-and ``clock`` (deadlines, and the wall clock's steps), ``limits`` (flow control),
-``waiting`` (cancellable waits for the loops).  It imports nothing of
-``troth.server``: the server wires it to HTTP, delivery and the cluster.
+and ``clock`` (deadlines, and the wall clock's steps), ``limits`` (flow control).
+It imports nothing of ``troth.server``: the server wires it to HTTP, delivery and
+the cluster.
 """
 
 from troth.engine.base import DEADLINE, Commit, EngineStats

@@ -18,10 +18,10 @@ from troth.engine.limits import Limits
 from troth.engine.probing import Probing
 from troth.engine.requests import Requests
 from troth.engine.timer import Timer
-from troth.engine.waiting import cancel_and_wait
 from troth.engine.watchdog import Watchdog
 from troth.engine.writer import READ_THREADS, Writer
 from troth.flow.changes import read_limits
+from troth.waiting import cancel_and_wait
 
 
 class Engine(Requests, LoopBatches, Writer, Commits, Watchdog, Probing, Timer, Limits):

@@ -21,10 +21,10 @@ import time
 
 from troth.engine.base import EngineBase
 from troth.engine.clock import SLICE
-from troth.engine.waiting import wait_event
 from troth.machine.core import tick
 from troth.store.base import Overlay
 from troth.store.faults import StoreFault, StoreUnavailable
+from troth.waiting import wait_event
 
 log = logging.getLogger("troth.engine")
 

@@ -60,7 +60,6 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from troth import __version__
 from troth.engine import Engine
-from troth.engine.waiting import wait_event
 from troth.ops.workers import ClusterView, NodeInfo, WorkerInfo
 from troth.outbox import codes
 from troth.server.delivery import DeliveryLoop
@@ -71,6 +70,7 @@ from troth.store.postgres.migrate import PACKAGE
 from troth.store.postgres.timeouts import with_timeouts
 from troth.store.queries import load_queries
 from troth.transport.poll import Registry
+from troth.waiting import wait_event
 
 log = logging.getLogger("troth.cluster")
 

@@ -16,7 +16,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from troth.engine import Engine
-from troth.engine.waiting import cancel_and_wait, wait_event
 from troth.machine.state import TASK_PENDING, read_task
 from troth.outbox import codes
 from troth.outbox.dispatcher import OutboxDispatcher, new_token
@@ -35,6 +34,7 @@ from troth.protocol.records import Execute
 from troth.server.metrics import Metrics
 from troth.store.base import BatchClaim
 from troth.store.faults import StoreUnavailable
+from troth.waiting import cancel_and_wait, wait_event
 
 log = logging.getLogger("troth.delivery")
 T = TypeVar("T")

@@ -33,10 +33,10 @@ from pathlib import Path
 from typing import Final
 
 from troth.engine import Engine
-from troth.engine.waiting import cancel_and_wait
 from troth.plural import counted
 from troth.server.metrics import Metrics
 from troth.store.retention import START, Swept, Tree
+from troth.waiting import cancel_and_wait
 
 log = logging.getLogger("troth.retention")
 
