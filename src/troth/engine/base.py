@@ -9,8 +9,7 @@ watchdog (``watchdog.py``), health probing (``probing.py``), the timer
 queued by a request is drained by the writer thread, expired by the watchdog and
 answered after its commit — so the state lives here, in one constructor, and each
 part is a class over it rather than an object holding references to the others:
-the hot path of a request makes the same calls on the same object as before the
-split.
+a request's path makes its calls on one object, with no hop from object to object.
 
 What one part calls in another is declared here as an abstract method (its body is
 in the module named beside it), so that each part type-checks on its own and an
