@@ -141,9 +141,9 @@ def _cpu_model() -> str:
 
 def describe(opts: Options, workdir: Path) -> dict[str, Any]:
     """The settings in force, from the code itself where they live."""
+    from troth.engine import MAX_BATCH
     from troth.outbox.types import DispatchConfig
     from troth.server.config import Settings
-    from troth.server.engine import MAX_BATCH
 
     server = Settings()
     dispatch = DispatchConfig()

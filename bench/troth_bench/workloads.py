@@ -910,7 +910,7 @@ async def ops_call(ctx: Ctx, path: str, data: dict[str, Any] | None = None) -> A
 async def set_limit(ctx: Ctx, group: str, concurrency: int | None) -> None:
     """Set (None: delete) the concurrency limit of ``group``; with several server
     processes, wait until every one holds to it (each reads the limits every second)."""
-    from troth.server.engine import LIMITS_REFRESH
+    from troth.engine.limits import LIMITS_REFRESH
 
     if concurrency is None:
         await ops_call(ctx, "/ops/limits/delete", {"group": group})

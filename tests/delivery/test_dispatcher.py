@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from helpers import pg
+from troth.engine import Engine
 from troth.machine.internal import Config
 from troth.outbox import codes
 from troth.outbox.dispatcher import OutboxDispatcher
@@ -36,7 +37,6 @@ from troth.outbox.types import (
 )
 from troth.protocol.records import Execute, PromiseRecord, Unblock, Value
 from troth.server.delivery import LifecycleCalls
-from troth.server.engine import Engine
 from troth.store.base import Job, Store
 from troth.store.memory import MemoryStore
 

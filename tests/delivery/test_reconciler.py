@@ -12,6 +12,7 @@ from typing import Any
 
 import msgspec
 
+from troth.engine import Engine
 from troth.machine.internal import Config
 from troth.outbox import codes
 from troth.outbox.rows import OutboxRow
@@ -19,7 +20,6 @@ from troth.outbox.types import Completed, Failed, Reconciled, Resend
 from troth.protocol.records import Execute, OutboxEntry, PromiseRecord, Unblock, Value
 from troth.protocol.requests import decode_data
 from troth.server.delivery import ProtocolReconciler
-from troth.server.engine import Engine
 from troth.store.memory import MemoryStore
 
 NOW = 10_000

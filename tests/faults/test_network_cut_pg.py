@@ -58,7 +58,7 @@ pytestmark = pytest.mark.timeout(300)
 #: How long the cut lasts (the one tried by hand lasted 30 s).
 CUT_S = 30.0
 #: Longest a request to the cut node may take to be answered: the engine's deadline
-#: (5 s, ``server/engine.py``) and some slack for a loaded machine.
+#: (5 s, ``engine/base.py``) and some slack for a loaded machine.
 LIMIT_S = 7.5
 #: How soon after the heal the cut node must be ready and its workflows done.
 BACK_S = 10.0

@@ -38,7 +38,7 @@ from helpers.support import VERSION
 pytestmark = [needs_pgbouncer, needs_pg_createcluster, pytest.mark.timeout(180)]
 
 #: Longest any request may take during an outage: the engine's deadline (5 s,
-#: ``server/engine.py``) and slack for a loaded machine.
+#: ``engine/base.py``) and slack for a loaded machine.
 LIMIT_S = 7.5
 #: How soon ``/ready`` must say 503 once the outage begins, and 200 once it ends.
 NOTICED_S = 6.0

@@ -21,9 +21,9 @@ import psycopg
 import pytest
 
 from helpers.pg import throwaway_database
+from troth.engine import Engine
 from troth.machine.internal import Config
 from troth.protocol import requests as rq
-from troth.server.engine import Engine
 from troth.store.faults import StoreFault
 from troth.store.postgres import PostgresStore
 from troth.store.sqlite import SqliteStore

@@ -12,10 +12,10 @@ from typing import Any
 
 import msgspec
 
+from troth.engine import Engine
 from troth.machine.core import lock_keys
 from troth.machine.internal import Config
 from troth.protocol import requests as rq
-from troth.server.engine import Engine
 from troth.store.base import Job, Outcome
 from troth.store.memory import MemoryStore
 from troth.store.postgres import PostgresStore

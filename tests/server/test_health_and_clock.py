@@ -8,8 +8,8 @@ import logging
 
 import pytest
 
-from troth.server.clock import JUMP_MS, ClockWatch
-from troth.server.health import StoreHealth
+from troth.engine.clock import JUMP_MS, ClockWatch
+from troth.engine.health import StoreHealth
 from troth.store.faults import StoreFault
 
 

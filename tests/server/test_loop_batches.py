@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
+from troth.engine import Commit, Engine
 from troth.machine.internal import Config
 from troth.protocol.records import Promise, Value
-from troth.server.engine import Commit, Engine
 from troth.store.base import Overlay
 from troth.store.memory import MemoryStore
 from troth.store.sqlite import SqliteStore

@@ -11,7 +11,7 @@ from typing import Any, cast
 
 import pytest
 
-from troth.server.engine import Engine
+from troth.engine import Engine
 from troth.server.metrics import Metrics
 from troth.server.retention import BETWEEN_BATCHES, SHARE, TARGET, RetentionLoop
 

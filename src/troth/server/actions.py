@@ -25,6 +25,7 @@ from typing import Any, Final
 
 import msgspec
 
+from troth.engine import Engine
 from troth.flow.changes import delete_limit, list_limits, set_limit
 from troth.flow.limits import check_limit
 from troth.machine.state import TASK_PENDING
@@ -33,7 +34,6 @@ from troth.protocol.address import parse_poll
 from troth.protocol.records import Execute
 from troth.server.cancel import MAX_REASON, cancel_workflow
 from troth.server.delivery import DeliveryLoop
-from troth.server.engine import Engine
 from troth.server.operator import Refused
 from troth.store.inspection import Inspection
 

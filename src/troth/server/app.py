@@ -18,6 +18,7 @@ from typing import Any, Protocol, get_args
 import msgspec
 
 from troth import PROTOCOL_VERSION
+from troth.engine import Engine, Traced
 from troth.flow.limits import parse_limits
 from troth.machine.core import request_ids
 from troth.machine.state import Response
@@ -34,7 +35,6 @@ from troth.server.cluster import Cluster
 from troth.server.config import Settings, cors_origins
 from troth.server.cors import Cors, served
 from troth.server.delivery import DeliveryLoop
-from troth.server.engine import Engine, Traced
 from troth.server.logs import FIELDS, access_fields
 from troth.server.metrics import Metrics
 from troth.server.nats import NatsIngress
@@ -390,7 +390,7 @@ class App:
 
     async def ready(self, send: Send) -> None:
         """200 while the store takes writes; 503 with the reason while it does not
-        (``server/health.py``).  Between faults, a store that committed no write for
+        (``engine/health.py``).  Between faults, a store that committed no write for
         :data:`QUIET` seconds is asked to commit the probe's; one that did is pinged.
         What either meets is an episode's start, as a refused batch would be."""
         engine = self.engine
@@ -557,7 +557,7 @@ class App:
         """The answer to a request whose serving raised ``exc``."""
         kind, corr = admitted.kind, admitted.corr
         if isinstance(exc, StoreFault):
-            # Full, read-only, out of reach: logged once per episode (server/health.py).
+            # Full, read-only, out of reach: logged once per episode (engine/health.py).
             return kind, corr, 503, str(exc), admitted
         if isinstance(exc, StoreUnavailable):
             # The database is down or restarting, or the batch lost every attempt to

@@ -34,11 +34,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from troth.engine import Engine
 from troth.machine.core import handle, lock_keys
 from troth.machine.internal import Config
 from troth.protocol import requests as rq
 from troth.protocol.records import PENDING, REJECTED_CANCELED, Value
-from troth.server.engine import Engine
 from troth.store.base import Overlay
 from troth.store.inspection import Inspection
 

@@ -59,11 +59,10 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from troth import __version__
+from troth.engine import Engine
 from troth.ops.workers import ClusterView, NodeInfo, WorkerInfo
 from troth.outbox import codes
 from troth.server.delivery import DeliveryLoop
-from troth.server.engine import Engine
-from troth.server.waiting import wait_event
 from troth.store.migrate import load_migrations
 from troth.store.outbox import REVIVE_WINDOW
 from troth.store.postgres import CHANNEL, PostgresStore, Routing
@@ -71,6 +70,7 @@ from troth.store.postgres.migrate import PACKAGE
 from troth.store.postgres.timeouts import with_timeouts
 from troth.store.queries import load_queries
 from troth.transport.poll import Registry
+from troth.waiting import wait_event
 
 log = logging.getLogger("troth.cluster")
 

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from troth.engine import Engine
 from troth.machine.state import TASK_PENDING, read_task
 from troth.outbox import codes
 from troth.outbox.dispatcher import OutboxDispatcher, new_token
@@ -30,11 +31,10 @@ from troth.outbox.types import (
 )
 from troth.plural import counted
 from troth.protocol.records import Execute
-from troth.server.engine import Engine
 from troth.server.metrics import Metrics
-from troth.server.waiting import cancel_and_wait, wait_event
 from troth.store.base import BatchClaim
 from troth.store.faults import StoreUnavailable
+from troth.waiting import cancel_and_wait, wait_event
 
 log = logging.getLogger("troth.delivery")
 T = TypeVar("T")

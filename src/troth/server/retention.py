@@ -32,11 +32,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
 
+from troth.engine import Engine
 from troth.plural import counted
-from troth.server.engine import Engine
 from troth.server.metrics import Metrics
-from troth.server.waiting import cancel_and_wait
 from troth.store.retention import START, Swept, Tree
+from troth.waiting import cancel_and_wait
 
 log = logging.getLogger("troth.retention")
 

@@ -18,6 +18,8 @@ from typing import Any
 import uvicorn
 
 from troth import __version__, redact
+from troth.engine import DEADLINE, Commit, Engine
+from troth.engine.health import WRITABLE, WRITE_ERRORS
 from troth.machine.internal import Config
 from troth.outbox import codes
 from troth.outbox.types import DispatchConfig, OutboxSender
@@ -29,8 +31,6 @@ from troth.server.cluster import default_node_id
 from troth.server.config import ConfigError, Settings, push_token_map
 from troth.server.delivery import DeliveryLoop
 from troth.server.direct import http_protocol
-from troth.server.engine import DEADLINE, Commit, Engine
-from troth.server.health import WRITABLE, WRITE_ERRORS
 from troth.server.metrics import Metrics
 from troth.server.retention import Archive, RetentionLoop
 from troth.server.scrape import StoreGauges
@@ -72,14 +72,26 @@ def build_app(settings: Settings, store: Store | None = None) -> App:
     """Wire store, engine, transports, dispatcher and metrics into one app."""
     metrics = Metrics()
     store = store or open_store(settings)
-    engine = Engine(store, Config(retry_timeout=settings.retry_timeout))
-    engine.lone_commit_here = settings.lone_commit == "loop"
+    node = settings.node_id or default_node_id()
+    tracing = None
+    if settings.tracing:
+        from troth.server import tracing as otel
+
+        tracing = otel.enable(node)
+        tracing.lookup = otel.reader(store)
+    deadline = DEADLINE
     if settings.store == "postgres":
         # A request waits out postgres_outage_wait (a failover) inside its batch; its
         # deadline leaves that wait a second to end in a commit or a 503 of its own.
-        engine.deadline = max(DEADLINE, settings.postgres_outage_wait + 1.0)
+        deadline = max(DEADLINE, settings.postgres_outage_wait + 1.0)
+    engine = Engine(
+        store,
+        Config(retry_timeout=settings.retry_timeout),
+        on_timer=None if tracing is None else tracing.timer,
+        lone_commit_here=settings.lone_commit == "loop",
+        deadline=deadline,
+    )
     registry = Registry(max_total=settings.max_sse, max_per_group=settings.max_sse_per_group)
-    node = settings.node_id or default_node_id()
     metrics.gauge("troth_sse_connections", lambda: float(registry.count()))
     metrics.gauge("troth_timer_passes_total", lambda: float(engine.stats.ticks))
     metrics.gauge("troth_timer_lag_seconds", lambda: engine.stats.lag_ms / 1000)
@@ -101,15 +113,11 @@ def build_app(settings: Settings, store: Store | None = None) -> App:
     if settings.nats_url:
         nats = NatsLink(settings.nats_url, name=f"troth {node}")
         senders[NATS] = NatsSender(nats, settings.url, flush_timeout=settings.send_timeout)
-    tracing = None
-    if settings.tracing:
+    if tracing is not None:
         from troth.server import tracing as otel
 
-        tracing = otel.enable(node)
-        tracing.lookup = otel.reader(engine.store)
         senders = {scheme: tracing.sender(sender) for scheme, sender in senders.items()}
         http.propagate = otel.inject
-        engine.on_timer = tracing.timer
     router = Router(senders, undeliverable_reporter(metrics))
     delivery = DeliveryLoop(engine, router, config, metrics)
 
@@ -179,14 +187,14 @@ def build_app(settings: Settings, store: Store | None = None) -> App:
 
 def watch_store_health(engine: Engine, metrics: Metrics) -> None:
     """``troth_store_writable`` and ``troth_store_write_errors_total{reason}``, every
-    reason's series there from the start (server/health.py); the steps of the wall
-    clock the timer noticed (server/clock.py)."""
+    reason's series there from the start (engine/health.py); the steps of the wall
+    clock the timer noticed (engine/clock.py)."""
     health = engine.health
     for reason in REASONS:
         metrics.inc(WRITE_ERRORS, 0, reason=reason)
     health.count = lambda reason: metrics.inc(WRITE_ERRORS, reason=reason)
     metrics.gauge(WRITABLE, lambda: 0.0 if health.fault is not None else 1.0)
-    watch = engine.clock_watch  # steps of the wall clock (server/clock.py)
+    watch = engine.clock_watch  # steps of the wall clock (engine/clock.py)
     metrics.inc("troth_clock_jumps_total", 0)
     watch.on_jump = lambda ms: metrics.inc("troth_clock_jumps_total")
     metrics.gauge("troth_clock_last_jump_seconds", lambda: watch.last_jump_ms / 1000)

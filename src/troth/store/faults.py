@@ -9,7 +9,7 @@ the primary back, the network healed).  A batch that meets one is refused whole,
 with a :class:`StoreFault` naming the reason, so that the server answers 503 with
 ``Retry-After`` and a message that says what is wrong (docs/protocol.md), reports
 itself not ready, and logs the episode once instead of a traceback per batch
-(``server/health.py``).
+(``engine/health.py``).
 
 Each dialect says which of its errors are faults (``Store.refused``); the reasons
 are the same words everywhere, and the label values of

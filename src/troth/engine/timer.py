@@ -1,0 +1,136 @@
+"""The timer: fires the protocol's deadlines when the wall clock reaches them.
+
+It sleeps until the store's earliest deadline.  A commit that armed an earlier
+deadline wakes it at once (``_poke``), as does another node's announcement
+(``hint``); there is no polling tick.  Its unit of work is ``machine.core.tick``
+(ARCHITECTURE rule 4): the engine loops it, one transaction per pass, and stops it
+on shutdown.  Sleeps run in slices that read the wall clock (``engine/clock.py``),
+so a step of the clock neither delays what it made due nor fires anything early.
+On a store shared between nodes, another node may be firing the same due rows, or
+may have crashed before it announced a deadline: the timer looks again shortly, and
+reads the next deadline at least every :data:`SHARED_MAX_SLEEP` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import math
+import time
+
+from troth.engine.base import EngineBase
+from troth.engine.clock import SLICE
+from troth.machine.core import tick
+from troth.store.base import Overlay
+from troth.store.faults import StoreFault, StoreUnavailable
+from troth.waiting import wait_event
+
+log = logging.getLogger("troth.engine")
+
+#: Milliseconds before a timer on a shared store looks again at a due deadline that
+#: another node was firing.
+SHARED_RECHECK_MS = 50
+#: Longest sleep of a timer on a shared store between two reads of the next deadline.
+SHARED_MAX_SLEEP = 5.0
+
+
+class Timer(EngineBase):
+    """The timer task and its wake-ups."""
+
+    def hint(self, instant: int) -> None:
+        """Another node armed a deadline at ``instant`` (event-loop thread only)."""
+        self._poke(instant)
+
+    def _poke(self, instant: float) -> None:
+        if instant < self._target and self._wake is not None:
+            self._target = instant
+            self._wake.set()
+
+    async def _run_timer(self) -> None:
+        assert self._wake is not None
+        while True:
+            self._wake.clear()
+            if self.paused:
+                self._target = math.inf
+                await self._wake.wait()
+                continue
+            try:
+                deadline = await self.exclusive(self._next_deadline)
+                now = self.clock()
+                if deadline is not None and deadline <= now:
+                    # Late by the wall clock, not counting a step of it (clock_watch).
+                    self.stats.lag_ms = max(now - max(deadline, self.clock_watch.stepped_at), 0)
+                    began = time.perf_counter()
+                    passed = await self.outcome(functools.partial(self._tick, now=now), now)
+                    if passed.error is not None:
+                        raise passed.error
+                    self.stats.ticks += 1
+                    self.stats.fired += passed.value or 0
+                    if self.on_timer is not None:
+                        self.on_timer(
+                            self.stats.lag_ms, passed.value or 0, time.perf_counter() - began
+                        )
+                    if passed.wrote:
+                        continue
+                    if self.store.shared:
+                        # Another node holds the due rows (SKIP LOCKED passed them
+                        # over) and is firing them; look again shortly.
+                        deadline = now + SHARED_RECHECK_MS
+                    else:
+                        # Due but nothing to change (an orphan row): do not spin on it.
+                        log.warning(
+                            "deadline %d due at %d changed nothing; backing off", deadline, now
+                        )
+                        deadline = now + 1000
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if isinstance(exc, StoreFault):  # logged once per episode (health)
+                    log.debug("timer pass: %s; retrying in 1 s", exc)
+                elif isinstance(exc, StoreUnavailable):  # the database is away: no traceback
+                    log.warning("timer pass: %s; retrying in 1 s", exc)
+                else:
+                    log.exception("timer pass failed; retrying in 1 s")
+                deadline = now = self.clock()
+                deadline += 1000
+            self._target = math.inf if deadline is None else deadline
+            delay = None if deadline is None else max(deadline - self.clock(), 0) / 1000
+            if self.store.shared and (delay is None or delay > SHARED_MAX_SLEEP):
+                # Other nodes announce earlier deadlines, but one that crashed between
+                # its commit and its announcement would not: look again now and then.
+                delay = SHARED_MAX_SLEEP
+            await self._sleep(deadline, delay)
+
+    async def _sleep(self, deadline: int | None, delay: float | None) -> None:
+        """Until woken, until ``delay`` seconds passed, or until the wall clock reached
+        ``deadline``, whichever comes first — in slices of at most :data:`SLICE`
+        seconds, reading the wall clock after each: sleeps run on the monotonic clock,
+        which a step of the wall clock does not move (``engine/clock.py``)."""
+        assert self._wake is not None
+        loop = asyncio.get_running_loop()
+        end = None if delay is None else loop.time() + delay
+        while True:
+            nap = SLICE
+            if end is not None:
+                nap = min(nap, max(end - loop.time(), 0.0))
+            if deadline is not None:
+                nap = min(nap, max(deadline - self.clock(), 0) / 1000)
+            woken = await wait_event(self._wake, nap)
+            # Woken or not (a busy timer too), before the pass that fires what a step
+            # made due: its lag is then measured from the step.
+            self.clock_watch.observe()
+            if woken:
+                return
+            if end is not None and loop.time() >= end:
+                return
+            if deadline is not None and self.clock() >= deadline:
+                return
+
+    def _tick(self, tx: Overlay, now: int) -> int:
+        fired = tick(tx, now, self.config)
+        self.keep_limits(tx, now)
+        return fired
+
+    def _next_deadline(self) -> int | None:
+        return self.store.read(lambda tx: tx.next_deadline())
