@@ -162,7 +162,11 @@ def test_a_step_forward_fires_what_it_skipped_over_within_a_second(server: Faked
         time.sleep(0.2)
     time.sleep(1.5)
     after = occurrences(server, "tenly")
-    assert len(after) == len(set(after)) == len(before) + 6, after
+    # Six for the hour skipped; a seventh only when the clock, running on, crossed the
+    # next ten-minute mark while the test ran (the consecutive instants below show
+    # it is that one, not a repeat).
+    assert len(after) == len(set(after)), after
+    assert len(after) - len(before) in (6, 7), after
     stamps = sorted(int(id.rsplit("-", 1)[1]) for id in after)
     assert all(b - a == 10 * MINUTE_MS for a, b in itertools.pairwise(stamps))
 
