@@ -158,12 +158,6 @@ class Overlay:
         found += [h for h in mine.values() if h is not None and h.group == group]
         return sorted(found, key=held_order)[offset : offset + limit]
 
-    def flow_queued(self, task_id: str) -> Held | None:
-        held = self.writes.held
-        if held is not None and task_id in held:
-            return held[task_id]
-        return self.backend.flow_queued(task_id)
-
     def flow_key_in_use(self, group: str, key: str) -> int:
         n = self.backend.flow_key_in_use(group, key)
         for task_id, now_in in (self.writes.slots or {}).items():
@@ -176,13 +170,6 @@ class Overlay:
         """The ``troth:key`` of the task's promise ("" without one)."""
         promise = self.get_promise(task_id)
         return "" if promise is None else key_of(promise.tags)
-
-    def flow_key_turn(self, group: str, key: str) -> int:
-        turn = self.backend.flow_key_turn(group, key)
-        for held in (self.writes.held or {}).values():
-            if held is not None and held.group == group and held.key == key:
-                turn = max(turn, held.turn)
-        return turn
 
     def flow_place(self, task_id: str, group: str, key: str) -> tuple[Held | None, int]:
         """The task's place in the queue, and the last turn a new task of ``key``
