@@ -27,7 +27,9 @@ import asyncio
 import statistics
 import sys
 import tempfile
+import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -147,6 +149,37 @@ def _nodes(plan: dict[str, Any]) -> str:
     return "; ".join(out)
 
 
+class Sampler:
+    """What PostgreSQL's backends of the database are busy with, sampled every 20 ms
+    from ``pg_stat_activity`` (a poor man's profiler: ``--sample``), per phase."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.phase = "before"
+        self.counts: dict[str, Counter[str]] = {}
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self) -> None:
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            while not self.stopped.wait(0.02):
+                rows = conn.execute(
+                    "SELECT application_name, query FROM pg_stat_activity WHERE datname ="
+                    " current_database() AND state = 'active' AND pid <> pg_backend_pid()"
+                ).fetchall()
+                counts = self.counts.setdefault(self.phase, Counter())
+                counts["(samples)"] += 1
+                for app, query in rows:
+                    counts[f"{app}: {' '.join(str(query).split())[:90]}"] += 1
+
+    def report(self) -> None:
+        for phase, counts in self.counts.items():
+            samples = counts.pop("(samples)", 0) or 1
+            print(f"-- busy backends while {phase} ({samples:,} samples): share of samples")
+            for what, n in counts.most_common(12):
+                print(f"   {n / samples:6.1%}  {what}")
+
+
 class Holder:
     """A session holding the horizon back: a snapshot, or an xid idle in transaction."""
 
@@ -244,6 +277,9 @@ async def drive(args: argparse.Namespace, server: ServerProcess, url: str) -> in
     mark = began
     cpu_mark = (cpu_of(pg_pids), cpu_of([server.pid]), machine_busy(), time.process_time())
     explained: set[str] = set()
+    sampler = Sampler(url) if args.sample else None
+    if sampler is not None:
+        sampler.thread.start()
     try:
         while mark + args.window <= began + total + 0.5:
             await asyncio.sleep(max(0.0, mark + args.window - time.monotonic()))
@@ -282,6 +318,8 @@ async def drive(args: argparse.Namespace, server: ServerProcess, url: str) -> in
                 flush=True,
             )
             mark, cpu_mark = now, cpu_now
+            if sampler is not None:
+                sampler.phase = phase
             held_for = t - args.before
             if args.explain and phase == "held" and "early" not in explained:
                 explained.add("early")
@@ -295,6 +333,10 @@ async def drive(args: argparse.Namespace, server: ServerProcess, url: str) -> in
             if phase == "held" and t + args.window > args.before + args.hold + 0.5:
                 holder.release()
     finally:
+        if sampler is not None:
+            sampler.stopped.set()
+            sampler.thread.join()
+            sampler.report()
         holder.release()
         stop = 0.0
         for task in tasks:
@@ -336,6 +378,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=8, help="SSE workers (8)")
     p.add_argument("--holder", choices=("snapshot", "xid"), default="snapshot")
     p.add_argument("--explain", action="store_true", help="EXPLAIN the hot statements")
+    p.add_argument(
+        "--sample", action="store_true", help="sample what PostgreSQL's backends are busy with"
+    )
     p.add_argument(
         "--postgres-admin",
         default="postgresql://postgres@127.0.0.1:5432/postgres",
