@@ -2,7 +2,8 @@
 long queries and the horizon").
 
 ``python -m troth_bench.horizon [--before 60] [--hold 180] [--after 30] [--window 20]
-[--clients 32] [--workers 8] [--holder snapshot|xid] [--explain]``
+[--clients 32] [--workers 8] [--holder snapshot|xid] [--explain] [--sample]
+[--auto-explain MS]``
 
 starts one ``troth serve`` on a throwaway PostgreSQL database and runs the
 ``lifecycle`` load on it (a targeted ``promise.create``, its ``execute`` over SSE,
@@ -204,11 +205,27 @@ class Holder:
             self.conn = None
 
 
+def auto_explain(admin: str, db: str, ms: int) -> None:
+    """Every statement of the database's new sessions slower than ``ms`` is logged with
+    its plan, buffers and timings (``auto_explain``) in PostgreSQL's server log."""
+    with psycopg.connect(admin, autocommit=True) as conn:
+        for setting, value in (
+            ("session_preload_libraries", "auto_explain"),
+            ("auto_explain.log_min_duration", str(ms)),
+            ("auto_explain.log_analyze", "on"),
+            ("auto_explain.log_buffers", "on"),
+        ):
+            conn.execute(f"ALTER DATABASE {db} SET {setting} = '{value}'")
+    print(f"-- auto_explain: statements of {db} slower than {ms} ms go to the server log")
+
+
 async def run(args: argparse.Namespace) -> int:
     with (
         tempfile.TemporaryDirectory(prefix="troth-horizon-") as tmp,
         pg.throwaway(args.postgres_admin, "troth_horizon") as url,
     ):
+        if args.auto_explain is not None:
+            auto_explain(args.postgres_admin, pg.dbname_of(url), args.auto_explain)
         server = ServerProcess.troth(
             Path(tmp), Path(tmp) / "unused.db", synchronous="full", postgres_url=url
         )
@@ -378,6 +395,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=8, help="SSE workers (8)")
     p.add_argument("--holder", choices=("snapshot", "xid"), default="snapshot")
     p.add_argument("--explain", action="store_true", help="EXPLAIN the hot statements")
+    p.add_argument(
+        "--auto-explain",
+        type=int,
+        metavar="MS",
+        help="log the plans of statements slower than MS in PostgreSQL's server log",
+    )
     p.add_argument(
         "--sample", action="store_true", help="sample what PostgreSQL's backends are busy with"
     )

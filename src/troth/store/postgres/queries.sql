@@ -178,8 +178,13 @@ SELECT id FROM schedules WHERE next_run_at <= %s ORDER BY next_run_at, id LIMIT 
 -- name: undrained_promises
 SELECT id FROM promises WHERE undrained ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED
 
+-- Every sub-select is a walk of a small partial index.  The first is written as the
+-- lowest undrained id rather than EXISTS: with statistics that saw many undrained rows
+-- (a burst of settlements), EXISTS is planned as a sequential scan of all promises,
+-- which it then walks to the end when none is undrained.
 -- name: next_deadline
-SELECT EXISTS (SELECT 1 FROM promises WHERE undrained), (SELECT min(timeout_at) FROM
+SELECT (SELECT id FROM promises WHERE undrained ORDER BY id LIMIT 1) IS NOT NULL,
+    (SELECT min(timeout_at) FROM
     promises WHERE state = 'pending' AND external), (SELECT min(retry_at) FROM tasks WHERE
     state = 'pending'), (SELECT min(expires_at) FROM tasks WHERE state = 'acquired'),
     (SELECT min(next_run_at) FROM schedules)
@@ -232,12 +237,16 @@ UPDATE outbox SET state = %s, attempts = %s, claim_token = NULL, last_code = %s,
     = %s WHERE id = %s
 
 -- held then finish for many distinct rows at once; a failure counts an attempt.
+-- Each row is found by its id (the primary key), and the claim's token alone says it
+-- is still held: a token is set only on a row moved to dispatching, and every move out
+-- of dispatching clears it.  A condition on state would let the planner walk
+-- outbox_state_available's dispatching entries instead, which pile up dead while a
+-- snapshot holds the horizon back (every delivered row passed through dispatching).
 -- name: finish_many
 UPDATE outbox AS o SET state = v.state, attempts = o.attempts + v.failed, claim_token =
     NULL, last_code = v.code, updated_at = v.now::numeric FROM unnest(%b::bigint[],
     %b::text[], %b::text[], %b::int[], %b::text[], %b::text[]) AS v(id, token, state,
-    failed, code, now) WHERE o.id = v.id AND o.state = 'dispatching' AND o.claim_token =
-    v.token RETURNING o.id
+    failed, code, now) WHERE o.id = v.id AND o.claim_token = v.token RETURNING o.id
 
 -- If a request inserts a newer pending row of the key between has_pending and this
 -- update, the partial unique index refuses it (23505) and the transaction re-runs,

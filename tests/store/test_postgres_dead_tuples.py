@@ -1,0 +1,176 @@
+"""The statements the PostgreSQL store runs most do not walk dead row versions.
+
+While a snapshot holds the database's xmin horizon back (a ``pg_dump``, a long report),
+VACUUM removes nothing, and an index walk that passes dead entries costs more each
+second.  These tests hold a snapshot, churn rows the way delivery does, and read the
+plans and buffer counts of the statements themselves (``EXPLAIN (ANALYZE, BUFFERS)``,
+generic and custom plans both): each must find its rows without visiting what the
+churn left dead.  ``python -m troth_bench.horizon`` measures the same under load.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import psycopg.sql
+import pytest
+
+from helpers import pg
+from troth.outbox.rows import RowState, Settlement
+from troth.store.postgres import PostgresStore
+from troth.store.postgres.backend import Q
+
+#: Dead versions the churn leaves; a walk past them costs at least one buffer each page.
+CHURN = 5_000
+
+
+@pytest.fixture
+def url() -> Iterator[str]:
+    """A database of its own: its tables' statistics are what each test makes them."""
+    with pg.throwaway_database("troth_dead") as url:
+        PostgresStore(url).close()  # migrated
+        yield url
+
+
+def scans(plan: dict[str, Any]) -> list[str]:
+    """``Index Scan outbox_pkey``, ``Seq Scan promises``, … of a JSON plan."""
+    out: list[str] = []
+    if "Scan" in plan["Node Type"]:
+        out.append(f"{plan['Node Type']} {plan.get('Index Name', plan.get('Relation Name'))}")
+    for child in plan.get("Plans", []):
+        out.extend(scans(child))
+    return out
+
+
+def explain(
+    conn: psycopg.Connection[Any], sql: str, types: list[str], args: list[Any], mode: str
+) -> tuple[list[str], int]:
+    """The scans of ``sql``'s plan and the shared buffers it touched, prepared as the
+    server's connections prepare it (``$n`` placeholders) and run in a rolled-back
+    transaction, with ``plan_cache_mode`` set to ``mode``."""
+    n = iter(range(1, len(types) + 1))
+    prepared = re.sub(r"%b", lambda _: f"${next(n)}", sql)
+    conn.execute(f"SET plan_cache_mode = {mode}")
+    signature = f" ({', '.join(types)})" if types else ""
+    # The simple query protocol: over the extended one, $n would be the PREPARE's own.
+    result = conn.pgconn.exec_(f"PREPARE probe{signature} AS {prepared}".encode())
+    assert result.status == psycopg.pq.ExecStatus.COMMAND_OK, result.error_message
+    literals = [
+        f"{psycopg.sql.Literal(a).as_string(conn)}::{t}" for a, t in zip(args, types, strict=True)
+    ]
+    values = f" ({', '.join(literals)})" if literals else ""
+    try:
+        row = conn.execute(
+            f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE probe{values}"
+        ).fetchone()
+    finally:
+        conn.rollback()
+    assert row is not None
+    top = row[0][0]["Plan"]
+    return scans(top), top.get("Shared Hit Blocks", 0) + top.get("Shared Read Blocks", 0)
+
+
+def holding(url: str) -> psycopg.Connection[Any]:
+    """A REPEATABLE READ transaction that took its snapshot, as ``pg_dump`` does."""
+    conn = psycopg.connect(url)
+    conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+    conn.execute("SELECT 1 FROM outbox LIMIT 1")
+    return conn
+
+
+def outbox_row(state: str, token: str | None) -> str:
+    return (
+        "INSERT INTO outbox (key, address, kind, created_at, state, available_at, claim_token,"
+        f" claimed_at, updated_at) SELECT 'k' || g, 'poll://any@g', 'execute', 1, '{state}',"
+        f" 1, {'NULL' if token is None else repr(token)}, 1, 1"
+    )
+
+
+@pytest.mark.parametrize("mode", ["force_generic_plan", "force_custom_plan"])
+def test_settling_claims_finds_each_row_by_its_id_not_past_dead_claims(url: str, mode: str) -> None:
+    holder = holding(url)
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            # Delivered rows: each passed through dispatching and was settled.
+            conn.execute(outbox_row("dispatching", "old") + f" FROM generate_series(1, {CHURN}) g")
+            conn.execute("UPDATE outbox SET state = 'completed', claim_token = NULL")
+            conn.execute(outbox_row("dispatching", "tok") + " FROM generate_series(0, 0) g")
+            conn.execute("ANALYZE outbox")
+            (held,) = conn.execute("SELECT id FROM outbox WHERE claim_token = 'tok'").fetchone()  # type: ignore[misc]
+        with psycopg.connect(url) as conn:
+            found, buffers = explain(
+                conn,
+                Q["finish_many"],
+                ["bigint[]", "text[]", "text[]", "int[]", "text[]", "text[]"],
+                [[held], ["tok"], ["completed"], [0], ["200"], ["2"]],
+                mode,
+            )
+    finally:
+        holder.close()
+    assert [s for s in found if not s.startswith("Function Scan")] == ["Index Scan outbox_pkey"], (
+        found
+    )
+    assert buffers < 20, f"{buffers} buffers to settle one claim: {found}"
+
+
+def test_the_next_deadline_reads_small_indexes_also_before_statistics_exist(url: str) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        # A table the planner knows nothing of (never analyzed): no undrained promise.
+        conn.execute("ALTER TABLE promises SET (autovacuum_enabled = off)")
+        conn.execute(
+            "INSERT INTO promises (id, state, param, value, tags, timeout_at, created_at,"
+            " callbacks, listeners, external, undrained) SELECT 'p' || g, 'resolved', '{}',"
+            f" '{{}}', '{{}}', 1, 1, '[]', '[]', false, false FROM generate_series(1, {CHURN}) g"
+        )
+    with psycopg.connect(url) as conn:
+        found, buffers = explain(conn, Q["next_deadline"], [], [], "auto")
+    assert not any(s.startswith("Seq Scan") for s in found), found
+    assert buffers < 20, f"{buffers} buffers for the next deadline: {found}"
+
+
+def test_settlements_keep_to_the_index_as_the_outbox_grows_from_empty(url: str) -> None:
+    """A plan made while the outbox was empty is not the one used once it is big: the
+    dispatcher's settlements of a grown table scan no table, before autovacuum ever
+    analysed it.  Their plans come from the server itself: ``auto_explain`` sends
+    each statement's plan to the session that ran it, as a notice."""
+    with psycopg.connect(url, autocommit=True) as admin:
+        db = pg.dbname_of(url)
+        for setting, value in (
+            ("session_preload_libraries", "auto_explain"),
+            ("auto_explain.log_min_duration", "0"),
+            ("auto_explain.log_level", "notice"),
+        ):
+            admin.execute(f"ALTER DATABASE {db} SET {setting} = '{value}'")
+        admin.execute("ALTER TABLE outbox SET (autovacuum_enabled = off)")
+    store = PostgresStore(url)
+    plans: list[str] = []
+    admin = psycopg.connect(url, autocommit=True)
+    try:
+        conn = store.outbox.session.conn
+        conn.add_notice_handler(lambda d: plans.append(str(d.message_primary)))
+
+        def settle_claims(token: str, count: int) -> None:
+            admin.execute(outbox_row("dispatching", token) + f" FROM generate_series(1, {count}) g")
+            ids = admin.execute(
+                "SELECT id FROM outbox WHERE claim_token = %s ORDER BY id", (token,)
+            ).fetchall()
+            plans.clear()
+            for (id,) in ids:  # one by one: the dispatcher's settlements of one send each
+                done = store.outbox.settle([Settlement(id, token, RowState.COMPLETED, 2, "200")])
+                assert done == [True]
+
+        settle_claims("small", 10)  # planned (and cached, were it so) on an empty table
+        admin.execute(
+            outbox_row("completed", None).replace("'k' || g", "'grown' || g")
+            + f" FROM generate_series(1, {CHURN * 4}) g"
+        )
+        settle_claims("big", 10)
+    finally:
+        store.close()
+        admin.close()
+    settling = [p for p in plans if "UPDATE outbox AS o" in p]
+    assert len(settling) == 10, plans
+    assert not any("Seq Scan" in p for p in settling), settling[-1]
