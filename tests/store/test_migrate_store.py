@@ -76,7 +76,7 @@ def build_source(path: Path) -> dict[str, Any]:
         life = store.outbox
         rows = life.claim_due("node-a", BIG, 6, "tok")
         assert len(rows) == 6
-        settle_one(life, rows[0].id, "tok", RowState.COMPLETED, BIG, None)
+        settle_one(life, rows[0].id, "tok", RowState.COMPLETED, BIG + 10, None)
         settle_one(life, rows[1].id, "tok", RowState.FAILED, BIG, "troth.test.failed")
         settle_one(life, rows[2].id, "tok", RowState.OUTCOME_UNKNOWN, BIG, "troth.test.unknown")
         settle_one(life, rows[3].id, "tok", RowState.PENDING, BIG, "busy", BIG + 50)
@@ -84,10 +84,10 @@ def build_source(path: Path) -> dict[str, Any]:
         # The newest row delivered and purged: the id high-water mark is above every id left.
         for r in life.claim_due("node-b", 2**200, 1000, "t2"):
             if r.key == "last":
-                settle_one(life, r.id, "t2", RowState.COMPLETED, 1, None)
+                settle_one(life, r.id, "t2", RowState.COMPLETED, BIG + 1, None)
             else:  # back in the queue, in place
                 settle_one(life, r.id, "t2", RowState.PENDING, 1, "busy", 2**70)
-        assert life.purge_completed(2) == 1
+        assert life.purge_completed(BIG + 2) == 1  # "last"; rows[0] completed later
         snap = store.snapshot()
     finally:
         store.close()

@@ -52,7 +52,7 @@ def explain(
     server's connections prepare it (``$n`` placeholders) and run in a rolled-back
     transaction, with ``plan_cache_mode`` set to ``mode``."""
     n = iter(range(1, len(types) + 1))
-    prepared = re.sub(r"%b", lambda _: f"${next(n)}", sql)
+    prepared = re.sub(r"%[bs]", lambda _: f"${next(n)}", sql)
     conn.execute(f"SET plan_cache_mode = {mode}")
     signature = f" ({', '.join(types)})" if types else ""
     # The simple query protocol: over the extended one, $n would be the PREPARE's own.
@@ -81,11 +81,12 @@ def holding(url: str) -> psycopg.Connection[Any]:
     return conn
 
 
-def outbox_row(state: str, token: str | None) -> str:
+def outbox_row(state: str, token: str | None, at: int = 1) -> str:
+    """The start of an INSERT of rows made, due and claimed at ``at``."""
     return (
         "INSERT INTO outbox (key, address, kind, created_at, state, available_at, claim_token,"
-        f" claimed_at, updated_at) SELECT 'k' || g, 'poll://any@g', 'execute', 1, '{state}',"
-        f" 1, {'NULL' if token is None else repr(token)}, 1, 1"
+        f" claimed_at, updated_at) SELECT 'k' || g, 'poll://any@g', 'execute', {at}, '{state}',"
+        f" {at}, {'NULL' if token is None else repr(token)}, {at}, {at}"
     )
 
 
@@ -114,6 +115,36 @@ def test_settling_claims_finds_each_row_by_its_id_not_past_dead_claims(url: str,
         found
     )
     assert buffers < 20, f"{buffers} buffers to settle one claim: {found}"
+
+
+@pytest.mark.parametrize(
+    ("name", "types", "args"),
+    [
+        ("release_expired", ["text", "numeric", "numeric", "numeric"], ["x", 9, 5, 5]),
+        ("purge_completed", ["numeric", "numeric"], [5, 5]),
+        ("unknown_rows", ["bigint"], [100]),
+    ],
+)
+def test_the_maintenance_sweeps_pass_no_dead_claims(
+    url: str, name: str, types: list[str], args: list[Any]
+) -> None:
+    """The reaper (claims older than the cutoff), the purge (completed rows older than
+    the retention) and the reconciler's read (rows of unknown outcome) of an outbox
+    whose every row was delivered after the cutoff, while the horizon is held."""
+    holder = holding(url)
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            row = outbox_row("dispatching", "old", at=10)
+            conn.execute(row + f" FROM generate_series(1, {CHURN}) g")
+            conn.execute(
+                "UPDATE outbox SET state = 'completed', claim_token = NULL, updated_at = 11"
+            )
+            conn.execute("ANALYZE outbox")
+        with psycopg.connect(url) as conn:
+            found, buffers = explain(conn, Q[name], types, args, "force_custom_plan")
+    finally:
+        holder.close()
+    assert buffers < 20, f"{buffers} buffers for {name}: {found}"
 
 
 def test_the_next_deadline_reads_small_indexes_also_before_statistics_exist(url: str) -> None:

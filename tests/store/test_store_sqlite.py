@@ -318,7 +318,7 @@ def test_commit_error_rolls_back(store: SqliteStore, monkeypatch: pytest.MonkeyP
 
 
 def test_fresh_database_is_at_latest_version(store: SqliteStore, db: Path) -> None:
-    assert latest_version() == len(migrations()) == 10
+    assert latest_version() == len(migrations()) == 11
     rows = raw(db, "SELECT version, name, applied_at FROM schema_version ORDER BY version")
     assert [(v, n) for v, n, _ in rows] == [
         (1, "core"),
@@ -331,9 +331,10 @@ def test_fresh_database_is_at_latest_version(store: SqliteStore, db: Path) -> No
         (8, "flow_control"),
         (9, "rate_limits"),
         (10, "fairness"),
+        (11, "outbox_unknown"),
     ]
     assert all(isinstance(at, int) and at > 1_600_000_000_000 for _, _, at in rows)
-    assert store.schema_version() == 10
+    assert store.schema_version() == 11
     indexes = {r[0] for r in raw(db, "SELECT name FROM sqlite_master WHERE type = 'index'")}
     assert {
         "promises_timeout",
@@ -344,6 +345,7 @@ def test_fresh_database_is_at_latest_version(store: SqliteStore, db: Path) -> No
         "schedules_next_run",
         "outbox_pending_key",
         "outbox_state_available",
+        "outbox_unknown",
         "promises_origin",
     } <= indexes
 
@@ -382,6 +384,7 @@ def test_fixture_upgrade_from_version_1(db: Path) -> None:
             (8, "flow_control"),
             (9, "rate_limits"),
             (10, "fairness"),
+            (11, "outbox_unknown"),
         ]
         assert raw(db, "SELECT applied_at FROM schema_version WHERE version = 1") == [
             (1_700_000_000_000,)
@@ -471,9 +474,9 @@ def test_newer_database_is_refused_untouched(db: Path) -> None:
     conn.close()
     before = raw(db, "SELECT * FROM schema_version ORDER BY version")
 
-    with pytest.raises(SchemaTooNew, match=r"version 99 is newer .* \(10\)") as info:
+    with pytest.raises(SchemaTooNew, match=r"version 99 is newer .* \(11\)") as info:
         SqliteStore(db)
-    assert info.value.found == 99 and info.value.known == 10
+    assert info.value.found == 99 and info.value.known == 11
     assert raw(db, "SELECT * FROM schema_version ORDER BY version") == before
     assert raw(db, "PRAGMA journal_mode") == [("delete",)]  # not even switched to WAL
 
@@ -492,7 +495,7 @@ def test_failed_migration_leaves_the_previous_version(
     assert "claim_token" not in str(raw(db, "SELECT sql FROM sqlite_master"))
     monkeypatch.undo()
     SqliteStore(db).close()
-    assert raw(db, "SELECT max(version) FROM schema_version") == [(10,)]
+    assert raw(db, "SELECT max(version) FROM schema_version") == [(11,)]
 
 
 def test_split_statements() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -41,6 +42,11 @@ T = TypeVar("T")
 
 #: Seconds between maintenance sweeps (reaper, reconciliation).
 MAINTENANCE_EVERY = 1.0
+#: The reaper runs every ``claim_timeout / REAPS_PER_TIMEOUT`` seconds (at most once a
+#: sweep): a crashed dispatcher's claim is released at most a tenth of the timeout
+#: late, and a node does not walk every claim of the outbox each second (that walk
+#: grows while a snapshot holds the horizon back).
+REAPS_PER_TIMEOUT = 10
 #: Seconds between retention purges.
 PURGE_EVERY = 60.0
 
@@ -129,6 +135,7 @@ class DeliveryLoop:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._last_maintenance = 0.0
         self._last_purge = 0.0
+        self._last_reap = -math.inf
         #: Set by the cluster (server/cluster.py): wakes other nodes for messages of a
         #: commit that this node did not claim itself (called on the writer thread).
         self.announce: Callable[[int], None] | None = None
@@ -276,10 +283,13 @@ class DeliveryLoop:
                 await wait_event(self._wake, delay)
 
     async def maintain(self, now: int) -> None:
-        reaped = await self.dispatcher.release_expired_claims(now)
-        if reaped:
-            log.warning("released %d expired outbox claims", reaped)
-            self.metrics.inc("troth_outbox_claims_released_total", reaped)
+        loop = asyncio.get_running_loop()
+        if loop.time() - self._last_reap >= self.config.claim_timeout / REAPS_PER_TIMEOUT:
+            self._last_reap = loop.time()
+            reaped = await self.dispatcher.release_expired_claims(now)
+            if reaped:
+                log.warning("released %d expired outbox claims", reaped)
+                self.metrics.inc("troth_outbox_claims_released_total", reaped)
         report = await self.dispatcher.reconcile(now)
         if report.examined:
             for name, n in (
@@ -290,7 +300,6 @@ class DeliveryLoop:
             ):
                 if n:
                     self.metrics.inc("troth_outbox_reconciled_total", n, verdict=name)
-        loop = asyncio.get_running_loop()
         if loop.time() - self._last_purge >= PURGE_EVERY:
             self._last_purge = loop.time()
             await self.dispatcher.purge(now)

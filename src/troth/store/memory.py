@@ -431,7 +431,11 @@ class MemoryOutboxTable(OutboxTable):
     def release_expired(self, cutoff: int, now: int, code: str) -> int:
         n = 0
         for row in self.b.outbox.values():
-            if row.state == RowState.DISPATCHING and (row.claimed_at or 0) < cutoff:
+            if (
+                row.state == RowState.DISPATCHING
+                and (row.claimed_at or 0) < cutoff
+                and row.available_at < cutoff
+            ):
                 self.finish(row.id, RowState.OUTCOME_UNKNOWN, row.attempts, code, now)
                 n += 1
         return n
@@ -440,7 +444,7 @@ class MemoryOutboxTable(OutboxTable):
         old = [
             r.id
             for r in self.b.outbox.values()
-            if r.state == RowState.COMPLETED and r.updated_at < before
+            if r.state == RowState.COMPLETED and r.updated_at < before and r.available_at < before
         ]
         for i in old:
             del self.b.outbox[i]

@@ -189,13 +189,13 @@ class SqlOutboxTable(OutboxTable):
 
     def release_expired(self, cutoff: int, now: int, code: str) -> int:
         i = self.codec.int_in
-        count: int = self.cur.execute(self.q["release_expired"], (code, i(now), i(cutoff))).rowcount
+        sql = self.q["release_expired"]
+        count: int = self.cur.execute(sql, (code, i(now), i(cutoff), i(cutoff))).rowcount
         return count
 
     def purge_completed(self, before: int) -> int:
-        count: int = self.cur.execute(
-            self.q["purge_completed"], (self.codec.int_in(before),)
-        ).rowcount
+        before_ = self.codec.int_in(before)
+        count: int = self.cur.execute(self.q["purge_completed"], (before_, before_)).rowcount
         return count
 
     def next_due(self) -> int | None:

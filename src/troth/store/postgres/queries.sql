@@ -255,17 +255,24 @@ UPDATE outbox AS o SET state = v.state, attempts = o.attempts + v.failed, claim_
 UPDATE outbox SET state = 'pending', attempts = %s, claim_token = NULL, last_code = %s,
     updated_at = %s, available_at = %s WHERE id = %s
 
+-- By outbox_unknown (rows of that state only): outbox_pkey in id order would pass
+-- every row of the table to find none.
 -- name: unknown_rows
 SELECT id, address, kind, task_id, version, promise, created_at, state, attempts,
     available_at, claim_token, claimed_by, claimed_at, last_code, updated_at FROM outbox
     WHERE state = 'outcome_unknown' ORDER BY id LIMIT %s
 
+-- A claim is taken of a row due by then (available_at <= claimed_at), and a row is
+-- completed after its claim (available_at <= updated_at): so a row these two look for
+-- is also older by available_at, and the walk of outbox_state_available stops at the
+-- cutoff instead of passing every row's entry of that state, dead ones included (a
+-- held horizon keeps one for each row delivered since).
 -- name: release_expired
 UPDATE outbox SET state = 'outcome_unknown', claim_token = NULL, last_code = %s, updated_at
-    = %s WHERE state = 'dispatching' AND coalesce(claimed_at, 0) < %s
+    = %s WHERE state = 'dispatching' AND coalesce(claimed_at, 0) < %s AND available_at < %s
 
 -- name: purge_completed
-DELETE FROM outbox WHERE state = 'completed' AND updated_at < %s
+DELETE FROM outbox WHERE state = 'completed' AND updated_at < %s AND available_at < %s
 
 -- name: next_due
 SELECT min(available_at) FROM outbox WHERE state = 'pending'
