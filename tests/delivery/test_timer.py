@@ -6,11 +6,13 @@ every read projects anyway.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 
 import pytest
 
+from helpers.pg import throwaway_database
 from helpers.support import RunningServer, running_server
 from troth.server.config import Settings
 
@@ -113,3 +115,38 @@ def test_a_failing_deadline_announcement_does_not_stop_the_writer(clocked: Runni
     wait_for(lambda: calls == [deadline], 5)
     clocked.ok("promise.create", {"id": "t2", "timeoutAt": deadline + 1, "tags": tags})
     assert clocked.app.engine._thread is not None and clocked.app.engine._thread.is_alive()
+
+
+def test_a_deadline_committed_while_the_timer_reads_is_not_lost() -> None:
+    """On PostgreSQL the timer reads the next deadline on a session of its own, while
+    the writer goes on committing.  A deadline committed after that read began, and
+    later than the target the timer had, is noted and fired on time: the read's stale
+    answer (nothing armed) would otherwise put the timer to sleep until it looks again
+    (``SHARED_MAX_SLEEP``, 5 s)."""
+    with throwaway_database("troth_timer") as url:
+        settings = Settings(store="postgres", postgres_url=url, debug=True, access_log=False)
+        with running_server(settings) as server:
+            engine = server.app.engine
+            store = server.app.engine.store
+            assert store.deadline_apart
+            real = store.next_deadline
+            read, release = threading.Event(), threading.Event()
+
+            def stale() -> int | None:
+                answer = real()
+                if not read.is_set():
+                    read.set()
+                    release.wait(10)
+                return answer
+
+            store.next_deadline = stale  # type: ignore[method-assign]
+            assert engine._loop is not None
+            engine._loop.call_soon_threadsafe(engine.hint, 0)  # wake it: it reads now
+            assert read.wait(5), "the timer never read the next deadline"
+            deadline = wall_ms() + 300
+            tags = {"resonate:external": "true"}
+            server.ok("promise.create", {"id": "p", "timeoutAt": deadline, "tags": tags})
+            release.set()  # the read answers what it saw: no deadline armed
+            wait_for(lambda: stored_state(server, "p") == "rejected_timedout", 10)
+            lag = wall_ms() - deadline
+            assert lag < 1500, f"fired {lag} ms late: the deadline was not noted"

@@ -127,6 +127,8 @@ class EngineBase(ABC):
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._target = math.inf  # the instant the timer sleeps until
+        self._reading = False  # the timer is between reading and setting _target
+        self._noted = math.inf  # the earliest deadline committed meanwhile (timer.py)
         #: Probes the store while it refuses writes (``_probing``); None otherwise.
         self._prober: asyncio.Task[None] | None = None
         self._tidying: asyncio.Future[None] | None = None
@@ -219,6 +221,9 @@ class EngineBase(ABC):
 
     @abstractmethod
     def _poke(self, instant: float) -> None: ...
+
+    @abstractmethod
+    def _note(self, instant: float) -> None: ...
 
     @abstractmethod
     def _tick(self, tx: Overlay, now: int) -> int: ...

@@ -70,6 +70,9 @@ class Commits(EngineBase):
             deliver(results)
         else:
             loop.call_soon_threadsafe(deliver, results)
+        if self._reading and self._target <= earliest < math.inf:
+            # The timer may be reading the next deadline from before this commit.
+            loop.call_soon_threadsafe(self._note, earliest)
         if earliest < self._target:
             loop.call_soon_threadsafe(self._poke, earliest)
             if self.on_deadline is not None:

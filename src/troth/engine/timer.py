@@ -2,13 +2,16 @@
 
 It sleeps until the store's earliest deadline.  A commit that armed an earlier
 deadline wakes it at once (``_poke``), as does another node's announcement
-(``hint``); there is no polling tick.  Its unit of work is ``machine.core.tick``
-(ARCHITECTURE rule 4): the engine loops it, one transaction per pass, and stops it
-on shutdown.  Sleeps run in slices that read the wall clock (``engine/clock.py``),
-so a step of the clock neither delays what it made due nor fires anything early.
-On a store shared between nodes, another node may be firing the same due rows, or
-may have crashed before it announced a deadline: the timer looks again shortly, and
-reads the next deadline at least every :data:`SHARED_MAX_SLEEP` seconds.
+(``hint``); there is no polling tick.  On PostgreSQL the next deadline is read on
+a session of its own, off the writer (``Store.deadline_apart``); a deadline that a
+batch commits while the timer reads is noted (``_note``), not lost.  Its unit of
+work is ``machine.core.tick`` (ARCHITECTURE rule 4): the engine loops it, one
+transaction per pass, and stops it on shutdown.  Sleeps run in slices that read the
+wall clock (``engine/clock.py``), so a step of the clock neither delays what it made
+due nor fires anything early.  On a store shared between nodes, another node may be
+firing the same due rows, or may have crashed before it announced a deadline: the
+timer looks again shortly, and reads the next deadline at least every
+:data:`SHARED_MAX_SLEEP` seconds.
 """
 
 from __future__ import annotations
@@ -40,6 +43,14 @@ class Timer(EngineBase):
 
     def hint(self, instant: int) -> None:
         """Another node armed a deadline at ``instant`` (event-loop thread only)."""
+        self._note(instant)
+
+    def _note(self, instant: float) -> None:
+        """A deadline committed at ``instant``: kept for the target the timer is about
+        to set if it is reading the next deadline (the read may have begun before the
+        commit), and a wake-up if it is earlier than the target (event loop only)."""
+        if self._reading:
+            self._noted = min(self._noted, instant)
         self._poke(instant)
 
     def _poke(self, instant: float) -> None:
@@ -55,8 +66,16 @@ class Timer(EngineBase):
                 self._target = math.inf
                 await self._wake.wait()
                 continue
+            # From the read until the new target is set, a commit that arms a
+            # deadline later than the old target is noted (commits.py, _note): the
+            # read may have begun before that commit.
+            self._reading = True
+            self._noted = math.inf
             try:
-                deadline = await self.exclusive(self._next_deadline)
+                if self.store.deadline_apart:
+                    deadline = await asyncio.to_thread(self.store.next_deadline)
+                else:
+                    deadline = await self.exclusive(self.store.next_deadline)
                 now = self.clock()
                 if deadline is not None and deadline <= now:
                     # Late by the wall clock, not counting a step of it (clock_watch).
@@ -94,7 +113,10 @@ class Timer(EngineBase):
                     log.exception("timer pass failed; retrying in 1 s")
                 deadline = now = self.clock()
                 deadline += 1000
+            if self._noted < (math.inf if deadline is None else deadline):
+                deadline = int(self._noted)
             self._target = math.inf if deadline is None else deadline
+            self._reading = False
             delay = None if deadline is None else max(deadline - self.clock(), 0) / 1000
             if self.store.shared and (delay is None or delay > SHARED_MAX_SLEEP):
                 # Other nodes announce earlier deadlines, but one that crashed between
@@ -131,6 +153,3 @@ class Timer(EngineBase):
         fired = tick(tx, now, self.config)
         self.keep_limits(tx, now)
         return fired
-
-    def _next_deadline(self) -> int | None:
-        return self.store.read(lambda tx: tx.next_deadline())

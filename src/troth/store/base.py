@@ -358,6 +358,18 @@ class Store(ABC):
             outcomes.append(Outcome.of(value, overlay.writes))
         return outcomes
 
+    #: Whether :meth:`next_deadline` reads on a session of its own (PostgreSQL), so
+    #: the timer calls it from a thread of its own rather than between the writer's
+    #: batches: while a snapshot holds the horizon back, the read walks dead index
+    #: entries, and on the writer it would stall every request that long.
+    deadline_apart: bool = False
+
+    def next_deadline(self) -> int | None:
+        """The earliest instant the timer has to act at (0: undrained promises wait),
+        or None when nothing is armed; through the writer unless
+        :attr:`deadline_apart`."""
+        return self.read(lambda tx: tx.next_deadline())
+
     def read(self, fn: Callable[[Overlay], T]) -> T:
         """Run one job for its answer (the timer's ``next_deadline``); meant for jobs
         that write nothing."""

@@ -69,6 +69,7 @@ class PostgresStore(Session, Store):
     #: must not close it (it holds no lock and no snapshot).
     settings = ("idle_in_transaction_session_timeout = 0",)
     uses_keys = True
+    deadline_apart = True
     outbox: PostgresOutbox
 
     def __init__(
@@ -420,6 +421,17 @@ class PostgresStore(Session, Store):
         except psycopg.Error as exc:
             raise StoreUnavailable(f"postgres reader failed: {exc}") from exc
 
+    def next_deadline(self) -> int | None:
+        """On a session of its own, one autocommit statement that locks nothing: the
+        writer never waits for it (:attr:`Store.deadline_apart`).  It sees only what
+        has committed; the timer wakes again for a deadline that a batch commits
+        while it reads (``engine/timer.py``)."""
+        session = self._own(DeadlineSession)
+        try:
+            return session.run_single(lambda cur: PostgresBackend(cur).next_deadline())
+        except psycopg.Error as exc:
+            raise StoreUnavailable(f"postgres deadline read failed: {exc}") from exc
+
     def inspect(self, fn: Callable[[Inspection], T]) -> T:
         """In one REPEATABLE READ snapshot, locking nothing."""
         reader = self._own(InspectionSession)
@@ -450,6 +462,12 @@ class ReadSession(Session):
     """Requests that only read (``Store.read_many``): one per reader thread."""
 
     application_name = "troth-read"
+
+
+class DeadlineSession(Session):
+    """The timer's read of the next deadline (``Store.next_deadline``)."""
+
+    application_name = "troth-deadline"
 
 
 class InspectionSession(Session):
