@@ -218,6 +218,7 @@ def test_the_exposition_passes_promtool(which: str, request: pytest.FixtureReque
     assert r.returncode == 0 and not r.stdout.strip(), r.stdout + r.stderr
 
 
+@needs_promtool
 def test_the_retention_alert_fires_only_while_it_loses_ground(tmp_path: Path) -> None:
     """``promtool test rules``: behind an hour and growing for half an hour fires;
     behind as much but catching up does not."""
@@ -312,6 +313,51 @@ tests:
       - eval_time: 24m
         alertname: TrothLimitHeldTooLong
         exp_alerts:{fired("pay", 37)}{fired("ship", 2)}
+"""
+    )
+    r = subprocess.run(
+        [PROMTOOL, "test", "rules", str(cases)], capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+@needs_promtool
+def test_the_horizon_alert_fires_for_an_hour_long_holder_not_for_a_short_backup(
+    tmp_path: Path,
+) -> None:
+    """``promtool test rules``: a session of job ``t`` idle in transaction from minute
+    0 holds the horizon an hour at minute 60, and the alert fires five minutes later
+    (once for the job, though both nodes report it); job ``u``'s 40-minute backups
+    never fire it."""
+    assert PROMTOOL is not None
+    text = ALERTS.read_text()
+    block = text[text.index("alert: TrothPostgresHorizonHeld") :]
+    folded = block[block.index("description: >-") + len("description: >-") :]
+    description = " ".join(folded.split("- alert:")[0].split())
+    cases = tmp_path / "horizon_test.yml"
+    cases.write_text(
+        f"""rule_files: [{ALERTS}]
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+      - series: 'troth_postgres_horizon_age_seconds{{job="t", instance="a"}}'
+        values: '0+60x90'
+      - series: 'troth_postgres_horizon_age_seconds{{job="t", instance="b"}}'
+        values: '0+60x90'
+      - series: 'troth_postgres_horizon_age_seconds{{job="u", instance="c"}}'
+        values: '0+60x40 0x9 0+60x40'
+    alert_rule_test:
+      - eval_time: 64m
+        alertname: TrothPostgresHorizonHeld
+        exp_alerts: []
+      - eval_time: 66m
+        alertname: TrothPostgresHorizonHeld
+        exp_alerts:
+          - exp_labels: {{job: t, severity: warning}}
+            exp_annotations:
+              summary: "troth t: PostgreSQL's horizon held back for 1h 6m 0s"
+              description: {json.dumps(description)}
 """
     )
     r = subprocess.run(

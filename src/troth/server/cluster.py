@@ -53,6 +53,7 @@ import logging
 import os
 import socket
 import uuid
+from dataclasses import dataclass
 from typing import Any, Final
 
 import psycopg
@@ -88,6 +89,19 @@ _Q: Final = load_queries("troth.store.postgres")
 def default_node_id() -> str:
     """Host, pid and a random suffix: unique across restarts and machines."""
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+@dataclass(frozen=True)
+class Horizon:
+    """What :meth:`Cluster.horizon` read."""
+
+    #: Seconds since the oldest transaction of another application holding a
+    #: snapshot or an xid began (0: none).
+    age: float
+    #: Transactions the oldest holder lags, replication slots included.
+    xids: int
+    #: Dead tuples of the hot tables, by table.
+    dead: dict[str, int]
 
 
 class Cluster:
@@ -380,6 +394,20 @@ class Cluster:
             ],
             last_seen={str(r[0]): int(r[1]) for r in groups},
             now=int(nodes[0][4]) if nodes else None,
+        )
+
+    async def horizon(self) -> Horizon:
+        """What holds the database's xmin horizon back, and the dead tuples it left in
+        the hot tables (``troth_postgres_horizon_*``, docs/operations.md)."""
+        async with self._lock:
+            conn = await self._writer()
+            row = await (await conn.execute(_Q["ops_horizon"])).fetchone()
+        assert row is not None
+        age, xids, dead = row
+        return Horizon(
+            float(age),
+            int(xids),
+            {str(t): int(n) for t, n in (dead or {}).items()},
         )
 
     # -- LISTEN -----------------------------------------------------------------------

@@ -107,6 +107,21 @@ HELP = {
         "gauge",
         "Nodes of the cluster whose heartbeat is fresh, this one included (PostgreSQL).",
     ),
+    "troth_postgres_horizon_age_seconds": (
+        "gauge",
+        "Seconds since the oldest transaction of another application that holds back "
+        "PostgreSQL's xmin horizon began (a backup, a long query, a session idle in "
+        "transaction; 0: none).",
+    ),
+    "troth_postgres_horizon_xids": (
+        "gauge",
+        "Transactions by which the oldest holder of the xmin horizon lags, replication "
+        "slots and prepared transactions included.",
+    ),
+    "troth_postgres_dead_tuples": (
+        "gauge",
+        "Dead row versions in troth's hot tables, by table, as PostgreSQL's statistics count them.",
+    ),
     "troth_limit_concurrency": (
         "gauge",
         "The concurrency limit of a worker group: at most this many of its tasks hold a "

@@ -2,7 +2,8 @@
 
 Most metrics are counted as things happen; a few are facts of the shared store that
 no single node sees happen: outbox rows by state (``troth_outbox_rows``), the nodes
-whose heartbeat is fresh (``troth_cluster_nodes_alive``) and, while some worker group
+whose heartbeat is fresh (``troth_cluster_nodes_alive``), what holds PostgreSQL's
+horizon back and the dead tuples it left (``troth_postgres_*``) and, while some worker group
 has a limit, each limit with its use (``troth_limit_concurrency``, ``_in_use``,
 ``_held``, by group: troth/flow).  They are read once per scrape, off the event loop
 and off the writer (one read-only snapshot, ``Store.inspect``), before the exposition
@@ -23,7 +24,7 @@ from typing import Final
 
 from troth.flow.gate import Flow
 from troth.outbox.rows import RowState
-from troth.server.cluster import Cluster
+from troth.server.cluster import Cluster, Horizon
 from troth.server.metrics import Metrics
 from troth.store.base import Store
 from troth.store.inspection import Inspection, LimitUse
@@ -60,8 +61,16 @@ class StoreGauges:
         self.nodes_alive = 0.0
         self.reuse_until = 0.0
         metrics.family("troth_outbox_rows", "state", self.outbox_rows)
+        self.horizon = Horizon(0.0, 0, {})
         if cluster is not None:
             metrics.gauge("troth_cluster_nodes_alive", lambda: self.nodes_alive)
+            metrics.gauge("troth_postgres_horizon_age_seconds", lambda: self.horizon.age)
+            metrics.gauge("troth_postgres_horizon_xids", lambda: float(self.horizon.xids))
+            metrics.family(
+                "troth_postgres_dead_tuples",
+                "table",
+                lambda: {t: float(n) for t, n in self.horizon.dead.items()},
+            )
         if flow is not None:
             metrics.family(
                 LIMIT_CONCURRENCY,
@@ -108,6 +117,10 @@ class StoreGauges:
                 log.warning("metrics: cannot read the cluster's nodes: %s", exc)
             else:
                 self.nodes_alive = float(sum(1 for n in view.nodes if n.alive))
+            try:
+                self.horizon = await self.cluster.horizon()
+            except Exception as exc:
+                log.warning("metrics: cannot read what holds the horizon back: %s", exc)
 
 
 def _read(

@@ -401,6 +401,23 @@ SELECT node, grp, pid, since FROM connections ORDER BY grp, pid, node
 -- name: ops_groups
 SELECT grp, seen_at FROM worker_groups ORDER BY grp
 
+-- What holds this database's xmin horizon back (the troth_postgres_horizon_* gauges):
+-- the seconds since the oldest transaction of another application that holds a
+-- snapshot or an xid began (troth's own sessions hold theirs for one batch); the most
+-- transactions that any holder lags (sessions, prepared transactions, replication
+-- slots); the hot tables' dead tuples.  Other roles' sessions show only to a
+-- superuser or a member of pg_read_all_stats.
+-- name: ops_horizon
+SELECT COALESCE((SELECT extract(epoch FROM clock_timestamp() - min(xact_start)) FROM
+    pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() AND
+    (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL) AND left(application_name, 5)
+    <> 'troth'), 0), COALESCE(GREATEST((SELECT max(GREATEST(age(backend_xmin),
+    age(backend_xid))) FROM pg_stat_activity WHERE datname = current_database()), (SELECT
+    max(age(transaction)) FROM pg_prepared_xacts WHERE database = current_database()),
+    (SELECT max(age(xmin)) FROM pg_replication_slots)), 0), (SELECT
+    json_object_agg(relname, n_dead_tup) FROM pg_stat_user_tables WHERE schemaname =
+    current_schema() AND relname IN ('outbox', 'tasks', 'promises'))
+
 -- The trace context a promise was created in (tracing on: server/tracing.py).
 -- name: get_trace
 SELECT trace FROM promises WHERE id = %s

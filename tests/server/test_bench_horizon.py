@@ -1,0 +1,54 @@
+"""``python -m troth_bench.horizon``: the lab's measurement of a held horizon runs
+troth (and PgQueuer beside it) in windows before, during and after the hold, and
+judges the worst window of the hold against the median before."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from helpers.pg import ADMIN_URL
+
+SHORT = ["--before", "3", "--hold", "3", "--after", "1", "--window", "1"]
+
+
+def horizon(*args: str) -> str:
+    r = subprocess.run(
+        [sys.executable, "-m", "troth_bench.horizon", *SHORT, "--postgres-admin", ADMIN_URL, *args],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r.stdout
+
+
+def phases(out: str, unit: str) -> list[tuple[str, float]]:
+    """(phase, rate) of each window of the table whose header names ``unit``."""
+    table = out.split(f"{unit}/s", 1)[1]
+    rows = re.findall(r"^\s*\d+ (before|held|after)\s+([\d,]+)", table, re.M)
+    return [(phase, float(rate.replace(",", ""))) for phase, rate in rows]
+
+
+@pytest.mark.parametrize("holder", ["snapshot", "xid"])
+def test_troth_is_measured_in_windows_before_during_and_after_the_hold(holder: str) -> None:
+    out = horizon("--clients", "4", "--workers", "1", "--holder", holder)
+    seen = phases(out, "tasks")
+    assert [p for p, _ in seen].count("held") >= 2, out
+    assert {p for p, _ in seen} == {"before", "held", "after"}, out
+    assert all(rate > 0 for _, rate in seen), out
+    verdict = re.search(r"worst window of the hold: [\d,]+ tasks/s = ([\d.]+)x", out)
+    assert verdict is not None and float(verdict.group(1)) > 0, out
+
+
+def test_pgqueuer_is_measured_beside_it() -> None:
+    pytest.importorskip("pgqueuer", reason="pip install -e './bench[pgqueuer]'")
+    out = horizon("--clients", "2", "--workers", "1", "--peer", "pgqueuer", "--producers", "4")
+    assert [p for p, _ in phases(out, "jobs")].count("held") >= 2, out
+    assert re.search(r"jobs each reported complete once; queue empty", out), out
+    side = out.split("-- side by side", 1)[1]
+    assert re.search(r"^\s+troth\s+[\d,]+ tasks/s = [\d.]+x", side, re.M), out
+    assert re.search(r"^\s+pgqueuer\s+[\d,]+ jobs/s = [\d.]+x", side, re.M), out
