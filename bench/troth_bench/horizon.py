@@ -3,7 +3,7 @@ long queries and the horizon").
 
 ``python -m troth_bench.horizon [--before 60] [--hold 180] [--after 30] [--window 20]
 [--clients 32] [--workers 8] [--holder snapshot|xid] [--explain] [--sample]
-[--auto-explain MS] [--peer pgqueuer [--producers 32]]``
+[--auto-explain MS] [--autovacuum] [--peer pgqueuer [--producers 32]]``
 
 starts one ``troth serve`` on a throwaway PostgreSQL database and runs the
 ``lifecycle`` load on it (a targeted ``promise.create``, its ``execute`` over SSE,
@@ -18,7 +18,10 @@ tuples and total sizes of the hot tables, and the CPU of PostgreSQL, of troth an
 everything else on the machine (a busy machine is a noisy measurement).  At the end:
 the worst window of the hold against the median before it.  ``--explain`` prints
 ``EXPLAIN (ANALYZE, BUFFERS)`` of the statements the server runs most, early and late
-in the hold: which of them walk dead tuples.  ``--peer pgqueuer`` then runs PgQueuer's
+in the hold: which of them walk dead tuples.  ``--autovacuum`` turns the cluster's
+autovacuum on for the run when it is off (a production server runs it; a lab's may
+not), so that the tables are kept small before the hold and cleaned up after it.
+``--peer pgqueuer`` then runs PgQueuer's
 queue the same way on a database of its own (:mod:`troth_bench.horizon_peer`) and
 prints the two verdicts side by side.
 """
@@ -30,6 +33,8 @@ import asyncio
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -113,7 +118,37 @@ def auto_explain(admin: str, db: str, ms: int) -> None:
     print(f"-- auto_explain: statements of {db} slower than {ms} ms go to the server log")
 
 
+@contextmanager
+def autovacuum(admin: str, wanted: bool) -> Iterator[None]:
+    """With ``wanted``, the cluster's autovacuum on for the ``with`` block when it is
+    off (``ALTER SYSTEM``, reset after): a production server runs it, and what a held
+    horizon does is keep it from removing dead rows.  Says which way the run goes."""
+    with psycopg.connect(admin, autocommit=True) as conn:
+        row = conn.execute("SHOW autovacuum").fetchone()
+        on = row is not None and row[0] == "on"
+        turned = wanted and not on
+        if turned:
+            conn.execute("ALTER SYSTEM SET autovacuum = on")
+            conn.execute("SELECT pg_reload_conf()")
+    print(
+        "-- autovacuum: "
+        + ("on for this run (reset after)" if turned else "on" if on else "off (--autovacuum)")
+    )
+    try:
+        yield
+    finally:
+        if turned:
+            with psycopg.connect(admin, autocommit=True) as conn:
+                conn.execute("ALTER SYSTEM RESET autovacuum")
+                conn.execute("SELECT pg_reload_conf()")
+
+
 async def run(args: argparse.Namespace) -> int:
+    with autovacuum(args.postgres_admin, args.autovacuum):
+        return await measure(args)
+
+
+async def measure(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="troth-horizon-") as tmp:
         with pg.throwaway(args.postgres_admin, "troth_horizon") as url:
             if args.auto_explain is not None:
@@ -239,6 +274,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument(
         "--sample", action="store_true", help="sample what PostgreSQL's backends are busy with"
+    )
+    p.add_argument(
+        "--autovacuum",
+        action="store_true",
+        help="turn the cluster's autovacuum on for the run if it is off (reset after)",
     )
     p.add_argument(
         "--peer",

@@ -234,6 +234,14 @@ def add_bench_flags(p: argparse.ArgumentParser) -> None:
         " (pgqueuer needs: pip install -e './bench[pgqueuer]'; resonate-pg runs with"
         " --workloads sdk-workflows and needs --resonate-sql)",
     )
+    p.add_argument(
+        "--hold-horizon",
+        type=float,
+        metavar="SECONDS",
+        help="with --store postgres: lifecycle in 20 s windows, 60 s as is, SECONDS while"
+        " a snapshot holds PostgreSQL's horizon back, 30 s after; with --peers pgqueuer"
+        " PgQueuer's queue the same way (python -m troth_bench.horizon for every knob)",
+    )
     p.add_argument("--peer-jobs", type=int, default=d.peer_jobs, help="batched peer jobs (20000)")
     p.add_argument("--peer-batch", type=int, default=d.peer_batch, help="peer batch size (100)")
     p.add_argument(

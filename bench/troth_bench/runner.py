@@ -30,6 +30,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from troth.plural import counted
+from troth_bench import horizon
 from troth_bench.ceiling import machine_ceiling
 from troth_bench.client import BenchFailure, Client
 from troth_bench.http import split_url
@@ -795,6 +796,8 @@ def run_from_args(args: argparse.Namespace) -> int:
     """Entry point for ``troth bench``: exit status 1 when a verification failed, 2 when
     the flags cannot be honoured (or a peer's package is missing: nothing is run)."""
     opts = options_from(args)
+    if getattr(args, "hold_horizon", None) is not None:
+        return hold_horizon(opts, args.hold_horizon)
     wrong = problems(opts)
     if "pgqueuer" in opts.peers:
         from troth_bench.peers import missing
@@ -812,6 +815,19 @@ def run_from_args(args: argparse.Namespace) -> int:
     report = run(opts)
     print(f"\nbench took {time.perf_counter() - started:.0f} s", flush=True)
     return 0 if report.ok else 1
+
+
+def hold_horizon(opts: Options, seconds: float) -> int:
+    """``--hold-horizon``: :mod:`troth_bench.horizon` with the bench's clients, workers,
+    PostgreSQL server and peers."""
+    if opts.store != "postgres":
+        print("troth bench: --hold-horizon needs --store postgres", file=sys.stderr)
+        return 2
+    argv = ["--hold", f"{seconds:g}", "--clients", str(opts.clients)]
+    argv += ["--workers", str(opts.workers), "--postgres-admin", opts.postgres_admin]
+    if "pgqueuer" in opts.peers:
+        argv += ["--peer", "pgqueuer", "--producers", str(opts.clients)]
+    return horizon.main(argv)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -52,3 +52,14 @@ def test_pgqueuer_is_measured_beside_it() -> None:
     side = out.split("-- side by side", 1)[1]
     assert re.search(r"^\s+troth\s+[\d,]+ tasks/s = [\d.]+x", side, re.M), out
     assert re.search(r"^\s+pgqueuer\s+[\d,]+ jobs/s = [\d.]+x", side, re.M), out
+
+
+def test_troth_bench_hold_horizon_needs_postgres() -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "troth.cli.main", "bench", "--hold-horizon", "5"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "--hold-horizon needs --store postgres" in r.stderr
