@@ -132,8 +132,8 @@ def test_a_deadline_committed_while_the_timer_reads_is_not_lost() -> None:
             real = store.next_deadline
             read, release = threading.Event(), threading.Event()
 
-            def stale() -> int | None:
-                answer = real()
+            def stale(within: tuple[int, int] | None = None) -> int | None:
+                answer = real(within)
                 if not read.is_set():
                     read.set()
                     release.wait(10)

@@ -52,7 +52,16 @@ def explain(
     server's connections prepare it (``$n`` placeholders) and run in a rolled-back
     transaction, with ``plan_cache_mode`` set to ``mode``."""
     n = iter(range(1, len(types) + 1))
-    prepared = re.sub(r"%[bs]", lambda _: f"${next(n)}", sql)
+    named: dict[str, int] = {}  # %(name)s: one $n per name, in order of appearance
+
+    def placeholder(m: re.Match[str]) -> str:
+        if m.group(1) is None:
+            return f"${next(n)}"
+        if m.group(1) not in named:
+            named[m.group(1)] = next(n)
+        return f"${named[m.group(1)]}"
+
+    prepared = re.sub(r"%(?:\((\w+)\))?[bs]", placeholder, sql)
     conn.execute(f"SET plan_cache_mode = {mode}")
     signature = f" ({', '.join(types)})" if types else ""
     # The simple query protocol: over the extended one, $n would be the PREPARE's own.
@@ -160,6 +169,32 @@ def test_the_next_deadline_reads_small_indexes_also_before_statistics_exist(url:
         found, buffers = explain(conn, Q["next_deadline"], [], [], "auto")
     assert not any(s.startswith("Seq Scan") for s in found), found
     assert buffers < 20, f"{buffers} buffers for the next deadline: {found}"
+
+
+@pytest.mark.parametrize("mode", ["force_generic_plan", "force_custom_plan"])
+def test_the_next_deadline_within_bounds_passes_no_dead_tasks(url: str, mode: str) -> None:
+    """Tasks that were pending (retry at 10) and then acquired (lease until 20) and
+    finished, while the horizon is held: the timer's bounded read, from a floor of 30,
+    walks none of their dead entries; the unbounded read walks them all."""
+    holder = holding(url)
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(
+                "INSERT INTO tasks (id, state, version, retry_at, resumes) SELECT 't' || g,"
+                f" 'pending', 0, 10, '[]' FROM generate_series(1, {CHURN}) g"
+            )
+            conn.execute("UPDATE tasks SET state = 'acquired', expires_at = 20, retry_at = NULL")
+            conn.execute("UPDATE tasks SET state = 'fulfilled', expires_at = NULL")
+            conn.execute("ANALYZE tasks")
+        with psycopg.connect(url) as conn:
+            types, args = ["numeric", "numeric"], [30, 5_030]
+            found, bounded = explain(conn, Q["next_deadline_within"], types, args, mode)
+        with psycopg.connect(url) as conn:
+            _, unbounded = explain(conn, Q["next_deadline"], [], [], mode)
+    finally:
+        holder.close()
+    assert bounded < 20, f"{bounded} buffers for the bounded next deadline: {found}"
+    assert unbounded > 10 * bounded, (unbounded, bounded)
 
 
 def test_settlements_keep_to_the_index_as_the_outbox_grows_from_empty(url: str) -> None:

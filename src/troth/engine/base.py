@@ -129,6 +129,8 @@ class EngineBase(ABC):
         self._target = math.inf  # the instant the timer sleeps until
         self._reading = False  # the timer is between reading and setting _target
         self._noted = math.inf  # the earliest deadline committed meanwhile (timer.py)
+        self._floor = -math.inf  # the lowest deadline the next read must see (timer.py)
+        self._full_at = -math.inf  # when a read last looked from the bottom (monotonic)
         #: Probes the store while it refuses writes (``_probing``); None otherwise.
         self._prober: asyncio.Task[None] | None = None
         self._tidying: asyncio.Future[None] | None = None
@@ -221,9 +223,6 @@ class EngineBase(ABC):
 
     @abstractmethod
     def _poke(self, instant: float) -> None: ...
-
-    @abstractmethod
-    def _note(self, instant: float) -> None: ...
 
     @abstractmethod
     def _tick(self, tx: Overlay, now: int) -> int: ...

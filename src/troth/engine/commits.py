@@ -72,7 +72,7 @@ class Commits(EngineBase):
             loop.call_soon_threadsafe(deliver, results)
         if self._reading and self._target <= earliest < math.inf:
             # The timer may be reading the next deadline from before this commit.
-            loop.call_soon_threadsafe(self._note, earliest)
+            loop.call_soon_threadsafe(self._poke, earliest)
         if earliest < self._target:
             loop.call_soon_threadsafe(self._poke, earliest)
             if self.on_deadline is not None:

@@ -3,8 +3,9 @@
 It sleeps until the store's earliest deadline.  A commit that armed an earlier
 deadline wakes it at once (``_poke``), as does another node's announcement
 (``hint``); there is no polling tick.  On PostgreSQL the next deadline is read on
-a session of its own, off the writer (``Store.deadline_apart``); a deadline that a
-batch commits while the timer reads is noted (``_note``), not lost.  Its unit of
+a session of its own, off the writer (``Store.deadline_apart``), within bounds
+(``_bounds``); a deadline that a batch commits while the timer reads is noted
+(``_poke``), not lost.  Its unit of
 work is ``machine.core.tick`` (ARCHITECTURE rule 4): the engine loops it, one
 transaction per pass, and stops it on shutdown.  Sleeps run in slices that read the
 wall clock (``engine/clock.py``), so a step of the clock neither delays what it made
@@ -36,6 +37,13 @@ log = logging.getLogger("troth.engine")
 SHARED_RECHECK_MS = 50
 #: Longest sleep of a timer on a shared store between two reads of the next deadline.
 SHARED_MAX_SLEEP = 5.0
+#: Seconds between two reads of a store apart (PostgreSQL) that look below the floor
+#: (:meth:`Timer._bounds`): what another node committed and crashed before announcing.
+FULL_READ_EVERY = 60.0
+#: Milliseconds below the wall clock that the floor reaches at least.
+FLOOR_SLACK_MS = 1000
+#: The floor of a full read: below every deadline.
+NO_FLOOR = -(2**63)
 
 
 class Timer(EngineBase):
@@ -43,17 +51,16 @@ class Timer(EngineBase):
 
     def hint(self, instant: int) -> None:
         """Another node armed a deadline at ``instant`` (event-loop thread only)."""
-        self._note(instant)
-
-    def _note(self, instant: float) -> None:
-        """A deadline committed at ``instant``: kept for the target the timer is about
-        to set if it is reading the next deadline (the read may have begun before the
-        commit), and a wake-up if it is earlier than the target (event loop only)."""
-        if self._reading:
-            self._noted = min(self._noted, instant)
         self._poke(instant)
 
     def _poke(self, instant: float) -> None:
+        """A deadline committed at ``instant`` (event loop only): the floor of the next
+        read goes down to it; while the timer reads it is kept for the target about to
+        be set (the read may have begun before the commit); earlier than the target,
+        it wakes the timer."""
+        self._floor = min(self._floor, instant)
+        if self._reading:
+            self._noted = min(self._noted, instant)
         if instant < self._target and self._wake is not None:
             self._target = instant
             self._wake.set()
@@ -67,13 +74,23 @@ class Timer(EngineBase):
                 await self._wake.wait()
                 continue
             # From the read until the new target is set, a commit that arms a
-            # deadline later than the old target is noted (commits.py, _note): the
+            # deadline later than the old target is noted (commits.py, _poke): the
             # read may have begun before that commit.
             self._reading = True
             self._noted = math.inf
             try:
                 if self.store.deadline_apart:
-                    deadline = await asyncio.to_thread(self.store.next_deadline)
+                    within = self._bounds()
+                    deadline = await asyncio.to_thread(self.store.next_deadline, within)
+                    self._floor = min(
+                        within[1] - int(SHARED_MAX_SLEEP * 1000) - FLOOR_SLACK_MS,
+                        math.inf if deadline is None else deadline,
+                        self._noted,
+                    )
+                    if deadline is None:
+                        # Nothing up to the read's end: read again then.  A commit that
+                        # arms a later deadline has no need to wake the timer before.
+                        deadline = within[1]
                 else:
                     deadline = await self.exclusive(self.store.next_deadline)
                 now = self.clock()
@@ -123,6 +140,26 @@ class Timer(EngineBase):
                 # its commit and its announcement would not: look again now and then.
                 delay = SHARED_MAX_SLEEP
             await self._sleep(deadline, delay)
+
+    def _bounds(self) -> tuple[int, int]:
+        """The range of deadlines a read apart looks at (PostgreSQL).
+
+        Up to :data:`SHARED_MAX_SLEEP` ahead: the timer of a shared store reads again
+        by then anyway.  From the floor up: the earliest deadline the last read found
+        (what it left due is not below it), or a second before that read began, or
+        any deadline committed or announced since, whichever is lowest.  A deadline
+        below the floor can only be one another node committed and crashed before
+        announcing: every :data:`FULL_READ_EVERY` seconds a read looks from the
+        bottom.  While a snapshot holds the horizon back, a partial index's low end
+        fills with dead entries that every read would walk; the floor skips them.
+        """
+        now = self.clock()
+        high = now + int(SHARED_MAX_SLEEP * 1000)
+        at = time.monotonic()
+        if self._floor == -math.inf or at - self._full_at >= FULL_READ_EVERY:
+            self._full_at = at
+            return NO_FLOOR, high
+        return int(self._floor), high
 
     async def _sleep(self, deadline: int | None, delay: float | None) -> None:
         """Until woken, until ``delay`` seconds passed, or until the wall clock reached

@@ -364,10 +364,12 @@ class Store(ABC):
     #: entries, and on the writer it would stall every request that long.
     deadline_apart: bool = False
 
-    def next_deadline(self) -> int | None:
+    def next_deadline(self, within: tuple[int, int] | None = None) -> int | None:
         """The earliest instant the timer has to act at (0: undrained promises wait),
         or None when nothing is armed; through the writer unless
-        :attr:`deadline_apart`."""
+        :attr:`deadline_apart`.  A store apart may take ``within`` = ``(low, high)``
+        and look only at deadlines in that range (the earliest there, or None); one
+        that reads them all may ignore it."""
         return self.read(lambda tx: tx.next_deadline())
 
     def read(self, fn: Callable[[Overlay], T]) -> T:

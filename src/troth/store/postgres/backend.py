@@ -724,9 +724,15 @@ class PostgresBackend(Backend):
     def undrained_promises(self, limit: int) -> list[str]:
         return self._ids(Q["undrained_promises"], (limit,))
 
-    def next_deadline(self) -> int | None:
+    def next_deadline(self, within: tuple[int, int] | None = None) -> int | None:
+        """The earliest deadline, or (``within``) the earliest in ``[low, high]``."""
         self.flush()
-        row = self.cur.execute(Q["next_deadline"]).fetchone()
+        if within is None:
+            row = self.cur.execute(Q["next_deadline"]).fetchone()
+        else:
+            low, high = within
+            params = {"low": low, "high": high}
+            row = self.cur.execute(Q["next_deadline_within"], params).fetchone()
         assert row is not None
         undrained, *armed = row
         candidates: list[int] = [d for d in armed if d is not None]

@@ -189,6 +189,20 @@ SELECT (SELECT id FROM promises WHERE undrained ORDER BY id LIMIT 1) IS NOT NULL
     state = 'pending'), (SELECT min(expires_at) FROM tasks WHERE state = 'acquired'),
     (SELECT min(next_run_at) FROM schedules)
 
+-- next_deadline within [low, high] (the timer's read on PostgreSQL, engine/timer.py):
+-- while a snapshot holds the horizon back, the low end of each partial index fills
+-- with dead entries that a min() walks on every read; the bounds skip all but those
+-- of the last few seconds.
+-- name: next_deadline_within
+SELECT (SELECT id FROM promises WHERE undrained ORDER BY id LIMIT 1) IS NOT NULL,
+    (SELECT min(timeout_at) FROM promises WHERE state = 'pending' AND external AND
+    timeout_at >= %(low)s::numeric AND timeout_at <= %(high)s::numeric), (SELECT
+    min(retry_at) FROM tasks WHERE state = 'pending' AND retry_at >= %(low)s::numeric AND
+    retry_at <= %(high)s::numeric), (SELECT min(expires_at) FROM tasks WHERE state =
+    'acquired' AND expires_at >= %(low)s::numeric AND expires_at <= %(high)s::numeric),
+    (SELECT min(next_run_at) FROM schedules WHERE next_run_at >= %(low)s::numeric AND
+    next_run_at <= %(high)s::numeric)
+
 -- MATERIALIZED: the locked id list is computed once, so the UPDATE can never see
 -- more rows than the LIMIT took (an inlined IN-subquery may be re-scanned).
 -- name: claim

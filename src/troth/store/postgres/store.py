@@ -421,14 +421,14 @@ class PostgresStore(Session, Store):
         except psycopg.Error as exc:
             raise StoreUnavailable(f"postgres reader failed: {exc}") from exc
 
-    def next_deadline(self) -> int | None:
+    def next_deadline(self, within: tuple[int, int] | None = None) -> int | None:
         """On a session of its own, one autocommit statement that locks nothing: the
         writer never waits for it (:attr:`Store.deadline_apart`).  It sees only what
         has committed; the timer wakes again for a deadline that a batch commits
-        while it reads (``engine/timer.py``)."""
+        while it reads (``engine/timer.py``).  ``within`` bounds each index walk."""
         session = self._own(DeadlineSession)
         try:
-            return session.run_single(lambda cur: PostgresBackend(cur).next_deadline())
+            return session.run_single(lambda cur: PostgresBackend(cur).next_deadline(within))
         except psycopg.Error as exc:
             raise StoreUnavailable(f"postgres deadline read failed: {exc}") from exc
 
