@@ -24,7 +24,7 @@ from typing import Any
 from troth_bench import pg
 from troth_bench.client import BenchFailure
 from troth_bench.horizon_windows import Load, summary, windows
-from troth_bench.peers import PAYLOAD, Worker, _install, _queries, _verify, missing
+from troth_bench.peers import PAYLOAD, Worker, _install, _queries, _verify, missing, stop
 from troth_bench.pgq_worker import ENTRYPOINT
 
 #: Jobs of one producer not yet completed (as ``peers.single``): the consumer never
@@ -115,11 +115,7 @@ async def pgqueuer(args: argparse.Namespace, workdir: Path) -> str | None:
         try:
             samples = await windows(args, conninfo, queue)
         finally:
-            for c in conns:
-                await c.close()
-            code = await worker.stop()
-        if code != 0:
-            raise BenchFailure(f"the PgQueuer worker exited with {code}: {worker.tail()}")
+            await stop(worker, conns)
         for check in await _verify(dsn, worker, queue.reported, queue.enqueued):
             print(f"-- {check}")
     return summary(samples, "jobs")

@@ -185,6 +185,15 @@ class Worker:
 Done = Callable[[list[int], float], None]
 
 
+async def stop(worker: Worker, conns: list[Any]) -> None:
+    """Close the producers' connections and stop the consumer, which must exit 0."""
+    for c in conns:
+        await c.close()
+    code = await worker.stop()
+    if code != 0:
+        raise BenchFailure(f"the PgQueuer worker exited with {code}: {worker.tail()}")
+
+
 async def _install(dsn: str) -> None:
     asyncpg: Any = importlib.import_module("asyncpg")
     pgq: Any = importlib.import_module("pgqueuer")
@@ -346,11 +355,7 @@ async def single(
                     ) from None
             await probe.finish()
         finally:
-            for c in conns:
-                await c.close()
-            code = await worker.stop()
-        if code != 0:
-            raise BenchFailure(f"the PgQueuer worker exited with {code}: {worker.tail()}")
+            await stop(worker, conns)
         seconds = window.duration
         result = Result(
             "pgqueuer single",

@@ -111,6 +111,27 @@ def test_the_files_name_enough_metrics_to_be_read() -> None:
     }
 
 
+def folded_description(alert: str) -> str:
+    """An alert rule's description as promtool renders it (folded to one line)."""
+    text = ALERTS.read_text()
+    block = text[text.index(f"alert: {alert}") :]
+    folded = block[block.index("description: >-") + len("description: >-") :]
+    return " ".join(folded.split("- alert:")[0].split())
+
+
+def promtool_test_rules(tmp_path: Path, cases: str) -> None:
+    """``promtool test rules`` of the alert rules over ``cases``: one test's
+    ``input_series`` and ``alert_rule_test``, every minute."""
+    assert PROMTOOL is not None
+    path = tmp_path / "rules_test.yml"
+    head = f"rule_files: [{ALERTS}]\nevaluation_interval: 1m\ntests:\n  - interval: 1m\n"
+    path.write_text(head + cases)
+    r = subprocess.run(
+        [PROMTOOL, "test", "rules", str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
 @needs_promtool
 def test_alert_rules_pass_promtool() -> None:
     assert PROMTOOL is not None
@@ -222,20 +243,10 @@ def test_the_exposition_passes_promtool(which: str, request: pytest.FixtureReque
 def test_the_retention_alert_fires_only_while_it_loses_ground(tmp_path: Path) -> None:
     """``promtool test rules``: behind an hour and growing for half an hour fires;
     behind as much but catching up does not."""
-    assert PROMTOOL is not None
-    # The rule's own description, as promtool renders it (folded to one line).
-    text = ALERTS.read_text()
-    block = text[text.index("alert: TrothRetentionFallingBehind") :]
-    folded = block[block.index("description: >-") + len("description: >-") :]
-    folded = folded.split("- alert:")[0]
-    description = " ".join(folded.split())
-    cases = tmp_path / "retention_test.yml"
-    cases.write_text(
-        f"""rule_files: [{ALERTS}]
-evaluation_interval: 1m
-tests:
-  - interval: 1m
-    input_series:
+    description = folded_description("TrothRetentionFallingBehind")
+    promtool_test_rules(
+        tmp_path,
+        f"""    input_series:
       - series: 'troth_retention_behind_seconds{{job="t", instance="a"}}'
         values: '3600+60x90'
       - series: 'troth_retention_behind_seconds{{job="t", instance="b"}}'
@@ -248,12 +259,8 @@ tests:
             exp_annotations:
               summary: "troth a: retention is 2h 20m 0s behind and losing ground"
               description: {json.dumps(description)}
-"""
+""",
     )
-    r = subprocess.run(
-        [PROMTOOL, "test", "rules", str(cases)], capture_output=True, text=True, timeout=60
-    )
-    assert r.returncode == 0, r.stdout + r.stderr
 
 
 @needs_promtool
@@ -263,11 +270,7 @@ def test_the_limit_alert_fires_only_for_a_group_held_at_its_full_limit(tmp_path:
     (the counts are the shared store's); ``ship`` is full and holds tasks from minute
     13, so fires at 23 and not at 21; ``mail`` has tasks held but a slot free,
     ``batch`` is full with none held: neither fires."""
-    assert PROMTOOL is not None
-    text = ALERTS.read_text()
-    block = text[text.index("alert: TrothLimitHeldTooLong") :]
-    folded = block[block.index("description: >-") + len("description: >-") :]
-    template = " ".join(folded.split("- alert:")[0].split())
+    template = folded_description("TrothLimitHeldTooLong")
 
     def fired(group: str, held: int) -> str:
         description = template.replace('{{ $value | printf "%.0f" }}', str(held))
@@ -295,13 +298,9 @@ def test_the_limit_alert_fires_only_for_a_group_held_at_its_full_limit(tmp_path:
             ):
                 series.append(f"      - series: '{name}{{{labels}}}'\n        values: '{values}'")
     input_series = "\n".join(series)
-    cases = tmp_path / "limit_test.yml"
-    cases.write_text(
-        f"""rule_files: [{ALERTS}]
-evaluation_interval: 1m
-tests:
-  - interval: 1m
-    input_series:
+    promtool_test_rules(
+        tmp_path,
+        f"""    input_series:
 {input_series}
     alert_rule_test:
       - eval_time: 9m
@@ -313,12 +312,8 @@ tests:
       - eval_time: 24m
         alertname: TrothLimitHeldTooLong
         exp_alerts:{fired("pay", 37)}{fired("ship", 2)}
-"""
+""",
     )
-    r = subprocess.run(
-        [PROMTOOL, "test", "rules", str(cases)], capture_output=True, text=True, timeout=60
-    )
-    assert r.returncode == 0, r.stdout + r.stderr
 
 
 @needs_promtool
@@ -329,18 +324,10 @@ def test_the_horizon_alert_fires_for_an_hour_long_holder_not_for_a_short_backup(
     0 holds the horizon an hour at minute 60, and the alert fires five minutes later
     (once for the job, though both nodes report it); job ``u``'s 40-minute backups
     never fire it."""
-    assert PROMTOOL is not None
-    text = ALERTS.read_text()
-    block = text[text.index("alert: TrothPostgresHorizonHeld") :]
-    folded = block[block.index("description: >-") + len("description: >-") :]
-    description = " ".join(folded.split("- alert:")[0].split())
-    cases = tmp_path / "horizon_test.yml"
-    cases.write_text(
-        f"""rule_files: [{ALERTS}]
-evaluation_interval: 1m
-tests:
-  - interval: 1m
-    input_series:
+    description = folded_description("TrothPostgresHorizonHeld")
+    promtool_test_rules(
+        tmp_path,
+        f"""    input_series:
       - series: 'troth_postgres_horizon_age_seconds{{job="t", instance="a"}}'
         values: '0+60x90'
       - series: 'troth_postgres_horizon_age_seconds{{job="t", instance="b"}}'
@@ -358,9 +345,5 @@ tests:
             exp_annotations:
               summary: "troth t: PostgreSQL's horizon held back for 1h 6m 0s"
               description: {json.dumps(description)}
-"""
+""",
     )
-    r = subprocess.run(
-        [PROMTOOL, "test", "rules", str(cases)], capture_output=True, text=True, timeout=60
-    )
-    assert r.returncode == 0, r.stdout + r.stderr
