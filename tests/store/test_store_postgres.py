@@ -585,6 +585,37 @@ def test_a_batch_that_writes_messages_claims_them_before_its_commit(
     assert [r.id for r in store.outbox.claim_due("w", 0, 10, "later")] == [3]
 
 
+def test_an_execute_claimed_in_its_batch_replaces_its_tasks_pending_one(
+    pg_url: str, store: PostgresStore
+) -> None:
+    """One pending ``execute`` per task: a newer one, inserted claimed, takes the place
+    of the one still pending (the task existed before the batch)."""
+    store.claim_in_batch = lambda: None
+    run(store, lambda tx: tx.set_message("poll://any@g", Execute("t", 0)))
+    assert _outbox_states(pg_url) == {1: ("pending", None)}
+    store.claim_in_batch = lambda: BatchClaim("w", 0, 8, "tok")
+    run(store, lambda tx: tx.set_message("poll://any@g", Execute("t", 1)))
+    assert _outbox_states(pg_url) == {2: ("dispatching", "tok")}
+
+
+def test_the_execute_of_a_task_its_batch_created_is_inserted_claimed_without_a_delete(
+    pg_url: str, store: PostgresStore, tmp_path: Path
+) -> None:
+    """No pending row can share the key of a task's first ``execute``: the batch does
+    not look for one (that look walks the dead entries a held horizon leaves)."""
+    store.claim_in_batch = lambda: BatchClaim("w", 0, 8, "tok")
+
+    def create(tx: Overlay) -> None:
+        assert tx.get_task("fresh") is None
+        tx.set_task(Task("fresh", "pending", 0))
+        tx.set_message("poll://any@g", Execute("fresh", 0))
+
+    _, sent = _traced(store, [Job(create, 0)], tmp_path)
+    assert any("INSERT INTO outbox" in line for line in sent), sent
+    assert not any("DELETE FROM outbox" in line for line in sent), sent
+    assert _outbox_states(pg_url) == {1: ("dispatching", "tok")}
+
+
 def test_a_failing_claim_in_a_batch_costs_the_batch_nothing(
     pg_url: str, store: PostgresStore
 ) -> None:

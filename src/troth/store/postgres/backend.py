@@ -123,6 +123,19 @@ _MESSAGE_COLUMNS: Final = (
 )  # fmt: skip
 
 
+#: ``insert_claimed_messages`` without its delete of the pending rows of the same keys,
+#: for a batch whose messages are all the first ``execute`` of a task this transaction
+#: creates (an INSERT among its deferred writes): no pending row can have that key
+#: (an earlier task of the id took its pending rows along when it was deleted).  The
+#: delete is planned over the whole ``pending`` range of ``outbox_state_available``,
+#: never the unique key index: while a snapshot holds the horizon back, that range
+#: fills with the dead entries of every claim, and the delete walked them in every
+#: batch.
+_INSERT_CLAIMED_FRESH: Final = Q["insert_claimed_messages"][
+    Q["insert_claimed_messages"].index("INSERT INTO outbox") :
+]
+
+
 def _claimable(rows: Sequence[tuple[Any, ...]], claim: BatchClaim, reach: Reach | None) -> bool:
     """Whether a claim made right after these rows were written would take every one
     of them: each due by ``claim.now``, no more than its limit, and each this node's
@@ -357,6 +370,9 @@ class PostgresBackend(Backend):
         self.pending_messages = {}
         params: dict[str, Any] = dict(zip(_MESSAGE_COLUMNS, _columns(rows), strict=True))
         params.update(now=str(claim.now), token=claim.token, worker=claim.worker_id)
+        created = self.pending_tasks
+        if all(row[2] == "execute" and created.get(row[3], ((), False))[1] for row in rows):
+            return _INSERT_CLAIMED_FRESH, params
         return Q["insert_claimed_messages"], params
 
     def prefetch(self, ids: Touched, *, wait: bool = True) -> None:
