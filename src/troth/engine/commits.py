@@ -70,16 +70,15 @@ class Commits(EngineBase):
             deliver(results)
         else:
             loop.call_soon_threadsafe(deliver, results)
-        if self._reading and self._target <= earliest < math.inf:
-            # The timer may be reading the next deadline from before this commit.
+        if earliest < self._target or (self._reading and earliest < math.inf):
+            # Earlier than the timer's target, or the timer may be reading the next
+            # deadline from before this commit (_poke notes it).
             loop.call_soon_threadsafe(self._poke, earliest)
-        if earliest < self._target:
-            loop.call_soon_threadsafe(self._poke, earliest)
-            if self.on_deadline is not None:
-                try:
-                    self.on_deadline(int(earliest))
-                except Exception as exc:  # a courtesy to other nodes: never fatal here
-                    log.warning("could not announce deadline %d: %s", earliest, exc)
+        if earliest < self._target and self.on_deadline is not None:
+            try:
+                self.on_deadline(int(earliest))
+            except Exception as exc:  # a courtesy to other nodes: never fatal here
+                log.warning("could not announce deadline %d: %s", earliest, exc)
         if self.on_commit is not None:
             try:
                 self.on_commit(Commit(len(works), messages, self.store.take_claimed()))

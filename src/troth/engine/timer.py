@@ -5,14 +5,13 @@ deadline wakes it at once (``_poke``), as does another node's announcement
 (``hint``); there is no polling tick.  On PostgreSQL the next deadline is read on
 a session of its own, off the writer (``Store.deadline_apart``), within bounds
 (``_bounds``); a deadline that a batch commits while the timer reads is noted
-(``_poke``), not lost.  Its unit of
-work is ``machine.core.tick`` (ARCHITECTURE rule 4): the engine loops it, one
-transaction per pass, and stops it on shutdown.  Sleeps run in slices that read the
-wall clock (``engine/clock.py``), so a step of the clock neither delays what it made
-due nor fires anything early.  On a store shared between nodes, another node may be
-firing the same due rows, or may have crashed before it announced a deadline: the
-timer looks again shortly, and reads the next deadline at least every
-:data:`SHARED_MAX_SLEEP` seconds.
+(``_poke``), not lost.  Its unit of work is ``machine.core.tick`` (ARCHITECTURE rule
+4): the engine loops it, one transaction per pass, and stops it on shutdown.  Sleeps
+run in slices that read the wall clock (``engine/clock.py``), so a step of the clock
+neither delays what it made due nor fires anything early.  On a store shared between
+nodes, another node may be firing the same due rows, or may have crashed before it
+announced a deadline: the timer looks again shortly, and reads the next deadline at
+least every :data:`SHARED_MAX_SLEEP` seconds.
 """
 
 from __future__ import annotations
@@ -80,10 +79,11 @@ class Timer(EngineBase):
             self._noted = math.inf
             try:
                 if self.store.deadline_apart:
-                    within = self._bounds()
+                    read_at = self.clock()
+                    within = self._bounds(read_at)
                     deadline = await asyncio.to_thread(self.store.next_deadline, within)
                     self._floor = min(
-                        within[1] - int(SHARED_MAX_SLEEP * 1000) - FLOOR_SLACK_MS,
+                        read_at - FLOOR_SLACK_MS,
                         math.inf if deadline is None else deadline,
                         self._noted,
                     )
@@ -141,7 +141,7 @@ class Timer(EngineBase):
                 delay = SHARED_MAX_SLEEP
             await self._sleep(deadline, delay)
 
-    def _bounds(self) -> tuple[int, int]:
+    def _bounds(self, now: int) -> tuple[int, int]:
         """The range of deadlines a read apart looks at (PostgreSQL).
 
         Up to :data:`SHARED_MAX_SLEEP` ahead: the timer of a shared store reads again
@@ -153,7 +153,6 @@ class Timer(EngineBase):
         bottom.  While a snapshot holds the horizon back, a partial index's low end
         fills with dead entries that every read would walk; the floor skips them.
         """
-        now = self.clock()
         high = now + int(SHARED_MAX_SLEEP * 1000)
         at = time.monotonic()
         if self._floor == -math.inf or at - self._full_at >= FULL_READ_EVERY:
