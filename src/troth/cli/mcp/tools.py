@@ -2,7 +2,7 @@
 agent can act on, and a function of the arguments that speaks to the server.
 
 Each tool builds its request with the very functions the client commands use
-(``cli/client.py``), so a tool and its command send the same request and return
+(``cli/requests.py``), so a tool and its command send the same request and return
 the same fields as the command's ``--json``.  Pure of the ``mcp`` package: the
 server module (``server.py``) wraps these in the protocol's types.  Waiting for a
 promise is not here: it needs the listener's stream (``listen.py``).
@@ -18,8 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from troth.cli import client
-from troth.cli.actions import CANCEL_TIMEOUT
+from troth.cli import requests
+from troth.cli.operator.actions import CANCEL_TIMEOUT
 from troth.cli.remote import Remote
 from troth.cli.tree import fetch as fetch_tree
 from troth.protocol.records import TAG_EXTERNAL
@@ -100,10 +100,10 @@ def _as_json(value: Any) -> Any:
     return value
 
 
-def _run(build: Callable[[argparse.Namespace], client.Request], ns: argparse.Namespace) -> Any:
+def _run(build: Callable[[argparse.Namespace], requests.Request], ns: argparse.Namespace) -> Any:
     try:
         return build(ns)
-    except client.Usage as exc:
+    except requests.Usage as exc:
         raise ToolError(str(exc)) from None
 
 
@@ -139,7 +139,7 @@ def with_decoded(answer: Any) -> Any:
     return answer
 
 
-def _send(remote: Remote, request: client.Request) -> Any:
+def _send(remote: Remote, request: requests.Request) -> Any:
     kind, data = request
     return with_decoded(remote.ok(kind, data))
 
@@ -156,7 +156,7 @@ def promise_create(remote: Remote, args: dict[str, Any]) -> Any:
             "tags": {TAG_EXTERNAL: "true", **(_get(args, "tags", {}))},
         }
     )
-    return _send(remote, _run(client.promise_create, ns))
+    return _send(remote, _run(requests.promise_create, ns))
 
 
 def promise_get(remote: Remote, args: dict[str, Any]) -> Any:
@@ -173,7 +173,7 @@ def promise_settle(remote: Remote, args: dict[str, Any]) -> Any:
     # One promise by its id: the command's filters (a bulk settle) stay unset.
     one = {"state": None, "tags": None, "id_prefix": None, "dry_run": False, "yes": False}
     ns = _namespace({"id": args["id"], "value": _as_json(args.get("value")), **one})
-    return _send(remote, _run(client.promise_settle(state), ns))
+    return _send(remote, _run(requests.promise_settle(state), ns))
 
 
 def promise_search(remote: Remote, args: dict[str, Any]) -> Any:
@@ -185,7 +185,7 @@ def promise_search(remote: Remote, args: dict[str, Any]) -> Any:
             "cursor": args.get("cursor"),
         }
     )
-    return _send(remote, _run(client.promise_search, ns))
+    return _send(remote, _run(requests.promise_search, ns))
 
 
 # -- durable functions and workflows ----------------------------------------------------------
@@ -210,7 +210,7 @@ def invoke(remote: Remote, args: dict[str, Any]) -> Any:
             "delay": args.get("delay"),
         }
     )
-    return _send(remote, _run(client.invoke, ns))
+    return _send(remote, _run(requests.invoke, ns))
 
 
 def tree(remote: Remote, args: dict[str, Any]) -> Any:
@@ -244,14 +244,14 @@ def schedule_create(remote: Remote, args: dict[str, Any]) -> Any:
             "promise_tags": args.get("promiseTags"),
         }
     )
-    return _send(remote, _run(client.schedule_create, ns))
+    return _send(remote, _run(requests.schedule_create, ns))
 
 
 def schedule_search(remote: Remote, args: dict[str, Any]) -> Any:
     ns = _namespace(
         {"tags": args.get("tags"), "limit": _get(args, "limit", 10), "cursor": args.get("cursor")}
     )
-    return _send(remote, _run(client.schedule_search, ns))
+    return _send(remote, _run(requests.schedule_search, ns))
 
 
 def _by_id(kind: str) -> Handler:
