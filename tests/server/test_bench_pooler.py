@@ -1,7 +1,7 @@
 """``troth bench`` through PgBouncer in transaction mode: the nodes it starts get
 ``--postgres-pool-mode`` and ``--postgres-listen-url``, and a tiny run verifies.
 
-A check that the comparison docs/operations.md asks operators to make (direct,
+A check that the comparison docs/benchmarks.md shows ("Through PgBouncer": direct,
 pooler in session mode, pooler in transaction mode) can be run — not a measurement.
 """
 
