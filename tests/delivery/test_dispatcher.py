@@ -22,6 +22,7 @@ from helpers import pg
 from troth.engine import Engine
 from troth.machine.internal import Config
 from troth.outbox import codes
+from troth.outbox import dispatcher as dispatcher_module
 from troth.outbox.dispatcher import OutboxDispatcher
 from troth.outbox.rows import OutboxRow, RowState, Settlement
 from troth.outbox.types import (
@@ -298,6 +299,53 @@ def test_resend_queues_the_row_again(store: Store) -> None:
     run(store, body)
     assert len(sender.sent) == 2
     assert rows_by_state(store) == {"completed": ["t"]}
+
+
+@dataclass
+class ReaperSpy:
+    """A lifecycle that records the reaper's passes: ``(cutoff, since)`` of each."""
+
+    passes: list[tuple[int, int | None]] = field(default_factory=list)
+
+    def release_expired_claims(
+        self, cutoff: int, now: int, code: str, since: int | None = None
+    ) -> int:
+        self.passes.append((cutoff, since))
+        return 0
+
+
+async def inline(fn: Callable[[], Any]) -> Any:
+    return fn()
+
+
+def test_the_reaper_reads_the_claims_taken_since_its_last_cutoff(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first pass reads from the bottom, the next from the last cutoff less the
+    overlap; after the wall clock steps back, and once a full pass is due, from the
+    bottom again."""
+    spy = ReaperSpy()
+    config = DispatchConfig(send_timeout=30, claim_timeout=60)
+    d = OutboxDispatcher(spy, Recorder(), config, run=inline)  # type: ignore[arg-type]
+
+    async def passes() -> None:
+        await d.release_expired_claims(NOW)
+        await d.release_expired_claims(NOW + 6_000)
+        await d.release_expired_claims(NOW - 3_600_000)  # the clock stepped back an hour
+        await d.release_expired_claims(NOW - 3_594_000)
+        monkeypatch.setattr(dispatcher_module, "FULL_REAP_EVERY", 0.0)
+        await d.release_expired_claims(NOW - 3_588_000)
+
+    asyncio.run(passes())
+    overlap = dispatcher_module.REAP_OVERLAP
+    cutoffs = [NOW - 60_000 + t for t in (0, 6_000, -3_600_000, -3_594_000, -3_588_000)]
+    assert spy.passes == [
+        (cutoffs[0], None),
+        (cutoffs[1], cutoffs[0] - overlap),
+        (cutoffs[2], None),
+        (cutoffs[3], cutoffs[2] - overlap),
+        (cutoffs[4], None),
+    ]
 
 
 def test_reaper_releases_old_claims_and_the_late_settlement_is_refused(store: Store) -> None:

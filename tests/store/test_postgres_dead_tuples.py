@@ -129,7 +129,7 @@ def test_settling_claims_finds_each_row_by_its_id_not_past_dead_claims(url: str,
 @pytest.mark.parametrize(
     ("name", "types", "args"),
     [
-        ("release_expired", ["text", "numeric", "numeric", "numeric"], ["x", 9, 5, 5]),
+        ("release_expired", ["text", "numeric", "numeric"], ["x", 9, 5]),
         ("purge_completed", ["numeric", "numeric"], [5, 5]),
         ("unknown_rows", ["bigint"], [100]),
     ],
@@ -194,6 +194,33 @@ def test_the_next_deadline_within_bounds_passes_no_dead_tasks(url: str, mode: st
     finally:
         holder.close()
     assert bounded < 20, f"{bounded} buffers for the bounded next deadline: {found}"
+    assert unbounded > 10 * bounded, (unbounded, bounded)
+
+
+@pytest.mark.parametrize("mode", ["force_generic_plan", "force_custom_plan"])
+def test_the_reaper_from_its_floor_passes_no_dead_claims(url: str, mode: str) -> None:
+    """Rows claimed at 10 and delivered, while the horizon is held: the reaper's pass
+    from its last cutoff (30) to its cutoff walks none of their dead entries; a pass
+    from the bottom walks them all."""
+    holder = holding(url)
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            row = outbox_row("dispatching", "old", at=10)
+            conn.execute(row + f" FROM generate_series(1, {CHURN}) g")
+            conn.execute(
+                "UPDATE outbox SET state = 'completed', claim_token = NULL, updated_at = 11"
+            )
+            conn.execute("ANALYZE outbox")
+        types = ["text", "numeric", "numeric", "numeric"]
+        with psycopg.connect(url) as conn:
+            args = ["x", 5_040, 30, 5_030]
+            found, bounded = explain(conn, Q["release_expired_since"], types, args, mode)
+        with psycopg.connect(url) as conn:
+            args = ["x", 5_040, 5_030]
+            _, unbounded = explain(conn, Q["release_expired"], types[:3], args, mode)
+    finally:
+        holder.close()
+    assert bounded < 20, f"{bounded} buffers for the reaper from its floor: {found}"
     assert unbounded > 10 * bounded, (unbounded, bounded)
 
 

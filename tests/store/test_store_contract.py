@@ -634,6 +634,22 @@ def test_failure_unknown_and_reconciliation(store: Store) -> None:
     assert unknown.claimed_by == "w" and unknown.claimed_at == 1
 
 
+def test_the_reaper_from_a_floor_releases_only_the_claims_taken_since(store: Store) -> None:
+    """A pass from ``since`` leaves a claim taken before it (a pass from the bottom
+    takes it), and takes one taken at or after it."""
+    life = store.outbox
+    send(store, ("poll://any@g", Execute("a", 0)), now=1)
+    [a] = life.claim_due("w", 1, 10, "tok")
+    send(store, ("poll://any@g", Execute("b", 0)), now=5)
+    [b] = life.claim_due("w", 5, 10, "tok")
+    assert life.release_expired_claims(10, 20, "expired", since=6) == 0
+    assert life.release_expired_claims(10, 20, "expired", since=5) == 1
+    assert [r.id for r in life.unknown_rows(10)] == [b.id]
+    assert life.release_expired_claims(10, 20, "expired", since=2) == 0
+    assert life.release_expired_claims(10, 20, "expired") == 1
+    assert [r.id for r in life.unknown_rows(10)] == [a.id, b.id]
+
+
 def test_purge_completed(store: Store) -> None:
     life = store.outbox
     send(store, *[("poll://any@g", Execute(k, 0)) for k in "abc"], now=1)

@@ -318,7 +318,7 @@ def test_commit_error_rolls_back(store: SqliteStore, monkeypatch: pytest.MonkeyP
 
 
 def test_fresh_database_is_at_latest_version(store: SqliteStore, db: Path) -> None:
-    assert latest_version() == len(migrations()) == 11
+    assert latest_version() == len(migrations()) == 12
     rows = raw(db, "SELECT version, name, applied_at FROM schema_version ORDER BY version")
     assert [(v, n) for v, n, _ in rows] == [
         (1, "core"),
@@ -332,9 +332,10 @@ def test_fresh_database_is_at_latest_version(store: SqliteStore, db: Path) -> No
         (9, "rate_limits"),
         (10, "fairness"),
         (11, "outbox_unknown"),
+        (12, "outbox_claimed"),
     ]
     assert all(isinstance(at, int) and at > 1_600_000_000_000 for _, _, at in rows)
-    assert store.schema_version() == 11
+    assert store.schema_version() == 12
     indexes = {r[0] for r in raw(db, "SELECT name FROM sqlite_master WHERE type = 'index'")}
     assert {
         "promises_timeout",
@@ -346,6 +347,7 @@ def test_fresh_database_is_at_latest_version(store: SqliteStore, db: Path) -> No
         "outbox_pending_key",
         "outbox_state_available",
         "outbox_unknown",
+        "outbox_claimed",
         "promises_origin",
     } <= indexes
 
@@ -385,6 +387,7 @@ def test_fixture_upgrade_from_version_1(db: Path) -> None:
             (9, "rate_limits"),
             (10, "fairness"),
             (11, "outbox_unknown"),
+            (12, "outbox_claimed"),
         ]
         assert raw(db, "SELECT applied_at FROM schema_version WHERE version = 1") == [
             (1_700_000_000_000,)
@@ -474,9 +477,9 @@ def test_newer_database_is_refused_untouched(db: Path) -> None:
     conn.close()
     before = raw(db, "SELECT * FROM schema_version ORDER BY version")
 
-    with pytest.raises(SchemaTooNew, match=r"version 99 is newer .* \(11\)") as info:
+    with pytest.raises(SchemaTooNew, match=r"version 99 is newer .* \(12\)") as info:
         SqliteStore(db)
-    assert info.value.found == 99 and info.value.known == 11
+    assert info.value.found == 99 and info.value.known == 12
     assert raw(db, "SELECT * FROM schema_version ORDER BY version") == before
     assert raw(db, "PRAGMA journal_mode") == [("delete",)]  # not even switched to WAL
 
@@ -495,7 +498,7 @@ def test_failed_migration_leaves_the_previous_version(
     assert "claim_token" not in str(raw(db, "SELECT sql FROM sqlite_master"))
     monkeypatch.undo()
     SqliteStore(db).close()
-    assert raw(db, "SELECT max(version) FROM schema_version") == [(11,)]
+    assert raw(db, "SELECT max(version) FROM schema_version") == [(12,)]
 
 
 def test_split_statements() -> None:

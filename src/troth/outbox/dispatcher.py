@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -42,6 +43,12 @@ from troth.outbox.types import (
 
 log = logging.getLogger("troth.outbox")
 T = TypeVar("T")
+
+#: Milliseconds below the last pass's cutoff that the reaper's next pass reads from:
+#: room for a claim stamped by a node whose clock runs that much behind this one's.
+REAP_OVERLAP = 5_000
+#: Seconds between the reaper's passes that read every claim from the bottom.
+FULL_REAP_EVERY = 300.0
 
 
 class Runner(Protocol):
@@ -112,6 +119,11 @@ class OutboxDispatcher:
         self.clock = clock or (lambda: time.time_ns() // 1_000_000)
         self.run = run
         self.settler = Settler(life, run)
+        #: The cutoff of the reaper's last pass, and when (monotonic) it last read from
+        #: the bottom: a pass in between reads only the claims taken since that cutoff
+        #: (:meth:`release_expired_claims`).
+        self._reaped_to: int | None = None
+        self._full_reap = -math.inf
 
     async def run_once(self, now: int) -> DispatchReport:
         """One sweep: claim a batch of due rows and settle every one of them."""
@@ -218,11 +230,27 @@ class OutboxDispatcher:
 
     async def release_expired_claims(self, now: int) -> int:
         """Reap claims older than ``claim_timeout`` (a crashed dispatcher's rows): their
-        outcome is unknown, for reconciliation."""
+        outcome is unknown, for reconciliation.
+
+        A pass reads the claims taken since the last pass's cutoff, less
+        :data:`REAP_OVERLAP` (a claim stamped by a node whose clock runs behind), not
+        every claim before its own cutoff: while a snapshot holds PostgreSQL's horizon
+        back, each claim settled since leaves a dead entry below the cutoff, and a walk
+        from the bottom would pass them all, every pass.  Every :data:`FULL_REAP_EVERY`
+        seconds, at the first pass and after the wall clock steps back, a pass reads
+        from the bottom: a claim stamped further behind waits at most that long."""
         cutoff = now - int(self.config.claim_timeout * 1000)
-        return await self.run(
-            lambda: self.life.release_expired_claims(cutoff, now, codes.CLAIM_EXPIRED)
-        )
+        since: int | None = None
+        moment = time.monotonic()
+        last = self._reaped_to
+        if last is not None and last <= cutoff and moment - self._full_reap < FULL_REAP_EVERY:
+            since = last - REAP_OVERLAP
+        else:
+            self._full_reap = moment
+        code = codes.CLAIM_EXPIRED
+        reaped = await self.run(lambda: self.life.release_expired_claims(cutoff, now, code, since))
+        self._reaped_to = cutoff
+        return reaped
 
     async def purge(self, now: int) -> int:
         """Delete completed rows older than the retention."""

@@ -94,9 +94,11 @@ class OutboxLifecycle(Protocol):
 
     def unknown_rows(self, limit: int) -> list[OutboxRow]: ...
 
-    def release_expired_claims(self, cutoff: int, now: int, code: str) -> int:
-        """Rows claimed before ``cutoff`` become ``outcome_unknown`` (the send may have
-        happened); returns how many."""
+    def release_expired_claims(
+        self, cutoff: int, now: int, code: str, since: int | None = None
+    ) -> int:
+        """Rows claimed before ``cutoff`` (and, with ``since``, not before it) become
+        ``outcome_unknown`` (the send may have happened); returns how many."""
 
     def purge_completed(self, before: int) -> int: ...
 

@@ -428,13 +428,15 @@ class MemoryOutboxTable(OutboxTable):
         found = [r for r in self.b.outbox.values() if r.state == RowState.OUTCOME_UNKNOWN]
         return [dataclasses.replace(r) for r in sorted(found, key=lambda r: r.id)[:limit]]
 
-    def release_expired(self, cutoff: int, now: int, code: str) -> int:
+    def release_expired(self, cutoff: int, now: int, code: str, since: int | None = None) -> int:
         n = 0
         for row in self.b.outbox.values():
+            claimed = row.claimed_at
             if (
                 row.state == RowState.DISPATCHING
-                and (row.claimed_at or 0) < cutoff
-                and row.available_at < cutoff
+                and claimed is not None
+                and claimed < cutoff
+                and (since is None or claimed >= since)
             ):
                 self.finish(row.id, RowState.OUTCOME_UNKNOWN, row.attempts, code, now)
                 n += 1

@@ -83,7 +83,9 @@ class OutboxTable(ABC):
     def unknown_rows(self, limit: int) -> list[OutboxRow]: ...
 
     @abstractmethod
-    def release_expired(self, cutoff: int, now: int, code: str) -> int: ...
+    def release_expired(
+        self, cutoff: int, now: int, code: str, since: int | None = None
+    ) -> int: ...
 
     @abstractmethod
     def purge_completed(self, before: int) -> int: ...
@@ -187,10 +189,14 @@ class SqlOutboxTable(OutboxTable):
         found = self.cur.execute(self.q["unknown_rows"], (limit,)).fetchall()
         return [self.codec.outbox_row(r) for r in found]
 
-    def release_expired(self, cutoff: int, now: int, code: str) -> int:
+    def release_expired(self, cutoff: int, now: int, code: str, since: int | None = None) -> int:
         i = self.codec.int_in
-        sql = self.q["release_expired"]
-        count: int = self.cur.execute(sql, (code, i(now), i(cutoff), i(cutoff))).rowcount
+        args: tuple[object, ...]
+        if since is None:
+            sql, args = self.q["release_expired"], (code, i(now), i(cutoff))
+        else:
+            sql, args = self.q["release_expired_since"], (code, i(now), i(since), i(cutoff))
+        count: int = self.cur.execute(sql, args).rowcount
         return count
 
     def purge_completed(self, before: int) -> int:
@@ -249,8 +255,10 @@ class OutboxStore(ABC):
     def unknown_rows(self, limit: int) -> list[OutboxRow]:
         return self.read(lambda t: t.unknown_rows(limit))
 
-    def release_expired_claims(self, cutoff: int, now: int, code: str) -> int:
-        return self.write(lambda t: t.release_expired(cutoff, now, code))
+    def release_expired_claims(
+        self, cutoff: int, now: int, code: str, since: int | None = None
+    ) -> int:
+        return self.write(lambda t: t.release_expired(cutoff, now, code, since))
 
     def purge_completed(self, before: int) -> int:
         return self.write(lambda t: t.purge_completed(before))

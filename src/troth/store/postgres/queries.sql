@@ -276,15 +276,22 @@ SELECT id, address, kind, task_id, version, promise, created_at, state, attempts
     available_at, claim_token, claimed_by, claimed_at, last_code, updated_at FROM outbox
     WHERE state = 'outcome_unknown' ORDER BY id LIMIT %s
 
--- A claim is taken of a row due by then (available_at <= claimed_at), and a row is
--- completed after its claim (available_at <= updated_at): so a row these two look for
--- is also older by available_at, and the walk of outbox_state_available stops at the
--- cutoff instead of passing every row's entry of that state, dead ones included (a
--- held horizon keeps one for each row delivered since).
+-- The reaper, by outbox_claimed (every claim stamps claimed_at): a pass from the bottom
+-- stops at the cutoff; the usual pass (release_expired_since) starts from the last
+-- pass's cutoff, so it walks the entries of the claims taken since, not of every claim
+-- before (a held horizon keeps a dead one for each row delivered).
 -- name: release_expired
 UPDATE outbox SET state = 'outcome_unknown', claim_token = NULL, last_code = %s, updated_at
-    = %s WHERE state = 'dispatching' AND coalesce(claimed_at, 0) < %s AND available_at < %s
+    = %s WHERE state = 'dispatching' AND claimed_at < %s
 
+-- name: release_expired_since
+UPDATE outbox SET state = 'outcome_unknown', claim_token = NULL, last_code = %s, updated_at
+    = %s WHERE state = 'dispatching' AND claimed_at >= %s AND claimed_at < %s
+
+-- A row is completed after its claim, which it was due by (available_at <= claimed_at
+-- <= updated_at): so a row the purge looks for is also older by available_at, and the
+-- walk of outbox_state_available stops at the cutoff instead of passing every
+-- completed entry, dead ones included.
 -- name: purge_completed
 DELETE FROM outbox WHERE state = 'completed' AND updated_at < %s AND available_at < %s
 

@@ -122,13 +122,20 @@ SELECT id, address, kind, task_id, version, promise, created_at, state, attempts
        available_at, claim_token, claimed_by, claimed_at, last_code, updated_at
 FROM outbox WHERE state = 'outcome_unknown' ORDER BY id LIMIT ?
 
--- Both with PostgreSQL's bound on available_at (its queries.sql says why): the same
--- rule on every store.
+-- The reaper: from the bottom, or (release_expired_since) from the last pass's cutoff,
+-- by outbox_claimed as on PostgreSQL (its queries.sql says why).
 -- name: release_expired
 UPDATE outbox SET state = 'outcome_unknown', claim_token = NULL, last_code = ?,
     updated_at = ?
-WHERE state = 'dispatching' AND coalesce(claimed_at, 0) < ? AND available_at < ?
+WHERE state = 'dispatching' AND claimed_at < ?
 
+-- name: release_expired_since
+UPDATE outbox SET state = 'outcome_unknown', claim_token = NULL, last_code = ?,
+    updated_at = ?
+WHERE state = 'dispatching' AND claimed_at >= ? AND claimed_at < ?
+
+-- With PostgreSQL's bound on available_at (its queries.sql says why): the same rule on
+-- every store.
 -- name: purge_completed
 DELETE FROM outbox WHERE state = 'completed' AND updated_at < ? AND available_at < ?
 
