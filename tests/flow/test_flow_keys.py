@@ -23,7 +23,7 @@ def set_limit(server: RunningServer, **caps: Any) -> dict[str, Any]:
 
 
 def create(
-    server: RunningServer, id: str, key: str | None = None, priority: int = 0, now: int = T0
+    server: RunningServer, id: str, key: str | None = None, priority: int | str = 0, now: int = T0
 ) -> None:
     tags = {"resonate:target": f"poll://any@{GROUP}"}
     if key is not None:
@@ -115,6 +115,21 @@ def test_the_retry_timer_does_not_move_a_held_task_back(flow_server: RunningServ
     assert executes(s) == ["first"]
     order = started_in_turn(s, ["early", "late"], "first")
     assert order == ["early", "late"]
+
+
+def test_a_priority_not_written_as_a_plain_integer_counts_as_0(
+    flow_server: RunningServer,
+) -> None:
+    """ " 9" and "1_0" are integers to Python's ``int``, not as written: both count as 0
+    and go after "2", in the order they were created."""
+    s = flow_server
+    set_limit(s, concurrency=1)
+    create(s, "first")
+    create(s, "spaced", priority=" 9")
+    create(s, "underscored", priority="1_0")
+    create(s, "two", priority="2")
+    order = started_in_turn(s, ["spaced", "underscored", "two"], "first")
+    assert order == ["two", "spaced", "underscored"]
 
 
 def test_a_priority_beyond_the_column_counts_as_its_bound(flow_server: RunningServer) -> None:

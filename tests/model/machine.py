@@ -1236,13 +1236,12 @@ PRIORITY_BOUND = 2**31 - 1
 
 
 def priority_of(tags: Tags) -> int:
-    """troth: ``troth:priority``, an integer as a string, default 0 (so is garbage),
-    bounded at ±(2**31 - 1)."""
-    try:
-        n = int(tags.get(PRIORITY, "0"))
-    except ValueError:
+    """troth: ``troth:priority``, an integer as a string (ASCII digits, an optional
+    ``-``), default 0 (so is anything else), bounded at ±(2**31 - 1)."""
+    text = tags.get(PRIORITY, "0")
+    if not (text.removeprefix("-").isascii() and text.removeprefix("-").isdigit()):
         return 0
-    return max(-PRIORITY_BOUND, min(PRIORITY_BOUND, n))
+    return max(-PRIORITY_BOUND, min(PRIORITY_BOUND, int(text)))
 
 
 def set_limit(state: State, limit: Limit) -> State:

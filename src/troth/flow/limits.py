@@ -16,6 +16,7 @@ restart and every node sees the same ones.
 from __future__ import annotations
 
 import hashlib
+import re
 from typing import Final
 from urllib.parse import urlsplit
 
@@ -29,6 +30,8 @@ TAG_PRIORITY: Final = "troth:priority"
 #: The highest priority (and the lowest, negated) a task is queued with: a 32-bit
 #: column; a tag beyond it counts as the bound.
 MAX_PRIORITY: Final = 2**31 - 1
+#: How ``troth:priority`` is written: "an integer as a string", plainly.
+_INTEGER: Final = re.compile(r"-?[0-9]+")
 #: The tag that names a task's fairness key (``--per-key``, round-robin across keys).
 TAG_KEY: Final = "troth:key"
 #: Longest key kept as written (UTF-8 bytes); a longer one is kept as its SHA-256,
@@ -248,17 +251,14 @@ def group_of(address: str) -> str | None:
 
 
 def priority_of(tags: Tags) -> int:
-    """``troth:priority`` as an integer; 0 when absent or not an integer, and one
-    beyond :data:`MAX_PRIORITY` either way as that bound (what the store's column
-    holds)."""
+    """``troth:priority`` as an integer; 0 when absent or not an integer written plainly
+    (ASCII digits with an optional ``-``: not ``" 5"``, ``"1_0"`` or other digits,
+    which Python's ``int`` would take), and one beyond :data:`MAX_PRIORITY` either way
+    as that bound (what the store's column holds)."""
     value = tags.get(TAG_PRIORITY)
-    if value is None:
+    if value is None or _INTEGER.fullmatch(value) is None:
         return 0
-    try:
-        n = int(value)
-    except ValueError:
-        return 0
-    return max(-MAX_PRIORITY, min(MAX_PRIORITY, n))
+    return max(-MAX_PRIORITY, min(MAX_PRIORITY, int(value)))
 
 
 def parse_rate(value: object) -> float | None:
