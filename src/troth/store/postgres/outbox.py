@@ -15,7 +15,8 @@ from typing import Any, Final, TypeVar
 from troth.outbox.rows import OutboxRow, RowState, Settlement
 from troth.store.base import BatchClaim
 from troth.store.outbox import OutboxStore, OutboxTable, SqlOutboxTable
-from troth.store.postgres.backend import CODEC, Q, Reach
+from troth.store.postgres.claims import Reach
+from troth.store.postgres.rows import CODEC, Q
 from troth.store.postgres.session import Cur, Session
 
 T = TypeVar("T")
