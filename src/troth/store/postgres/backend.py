@@ -498,6 +498,6 @@ class PostgresBackend(FlowTables, Scans):
     # -- whole-store reads -----------------------------------------------------------------
 
     def snapshot(self) -> dict[str, Any]:
-        """Everything, in memory.py's ``snapshot()`` format (built from the same Structs)."""
+        """Everything, in the memory store's ``snapshot()`` format (built from the same Structs)."""
         self.flush()
         return CODEC.snapshot(lambda sql: self.cur.execute(sql).fetchall())

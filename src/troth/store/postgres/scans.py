@@ -135,7 +135,7 @@ class Scans(Backend):
 
     def promises_in_branch(self, branch: str, limit: int) -> list[Promise]:
         if not branch or NUL in branch:
-            return []  # the empty branch is never indexed (memory.py: ``if branch:``)
+            return []  # the empty branch is never indexed (memory/backend.py: ``if branch:``)
         self.flush()
         return [
             CODEC.promise(r) for r in self.cur.execute(Q["promises_in_branch"], (branch, limit))

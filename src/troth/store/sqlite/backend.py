@@ -204,7 +204,7 @@ class SqliteBackend(Backend):
 
     def promises_in_branch(self, branch: str, limit: int) -> list[Promise]:
         if not branch:
-            return []  # the empty branch is never indexed (memory.py: ``if branch:``)
+            return []  # the empty branch is never indexed (memory/backend.py: ``if branch:``)
         rows = self.conn.execute(Q["promises_in_branch"], (branch, limit)).fetchall()
         return [CODEC.promise(r) for r in rows]
 
@@ -335,7 +335,7 @@ class SqliteBackend(Backend):
     # -- whole-store reads -----------------------------------------------------------------
 
     def snapshot(self) -> dict[str, Any]:
-        """Everything, in memory.py's ``snapshot()`` format (built from the same Structs)."""
+        """Everything, in the memory store's ``snapshot()`` format (built from the same Structs)."""
         return CODEC.snapshot(lambda sql: self.conn.execute(sql).fetchall())
 
 
