@@ -39,12 +39,12 @@ from typing import Any, Final
 import psycopg
 
 from troth.outbox.rows import OutboxRow
-from troth.store.codec import OUTBOX_COLS, PROMISE_COLS, SELECT_ALL
-from troth.store.migrate import SchemaError, latest_version
 from troth.store.postgres.rows import CODEC, FLAGS_P, FLAGS_T, Q, columns
 from troth.store.postgres.session import NUL, Conn, IntLoader, TextArray
 from troth.store.postgres.store import PostgresStore
-from troth.store.queries import load_queries
+from troth.store.sql.codec import OUTBOX_COLS, PROMISE_COLS, SELECT_ALL
+from troth.store.sql.migrate import SchemaError, latest_version
+from troth.store.sql.queries import load_queries
 from troth.store.sqlite.backend import CODEC as SQLITE
 from troth.store.sqlite.backup import BackupError, connect_existing, troth_version
 from troth.store.sqlite.migrate import SqliteSchema

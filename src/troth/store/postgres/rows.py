@@ -13,9 +13,9 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
 from troth.protocol.records import Execute, OutboxEntry
-from troth.store.codec import RowCodec
 from troth.store.postgres.session import NUL, TextArray, Unstorable
-from troth.store.queries import load_queries
+from troth.store.sql.codec import RowCodec
+from troth.store.sql.queries import load_queries
 from troth.store.writes import Writes
 
 Q: Final = load_queries("troth.store.postgres")

@@ -14,9 +14,9 @@ from typing import Any
 
 from troth.protocol.records import PENDING, TAG_ORIGIN, Promise, Schedule, Tags, Task
 from troth.store.backend import Backend
-from troth.store.codec import PROMISE_COLS, SCHEDULE_COLS, TASK_COLS, json_text
 from troth.store.postgres.rows import CODEC, Q
 from troth.store.postgres.session import NUL, Cur
+from troth.store.sql.codec import PROMISE_COLS, SCHEDULE_COLS, TASK_COLS, json_text
 
 
 def _scan_sql(

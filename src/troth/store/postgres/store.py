@@ -21,7 +21,6 @@ from troth.outbox.rows import OutboxRow
 from troth.store.base import BatchClaim, Job, Outcome, Overlay, Store, read_only
 from troth.store.faults import StoreFault, StoreUnavailable
 from troth.store.inspection import Inspection, SqlInspection
-from troth.store.migrate import check_version, migrate
 from troth.store.outbox import in_claim_order
 from troth.store.postgres.backend import TABLES, PostgresBackend, Touched
 from troth.store.postgres.faults import write_refused
@@ -41,6 +40,7 @@ from troth.store.postgres.session import (
     has_nul,
 )
 from troth.store.retention import Retention, SqlRetention
+from troth.store.sql.migrate import check_version, migrate
 
 log = logging.getLogger("troth.store.postgres")
 #: The write ``probe`` commits: the newest schema_version row, unchanged.

@@ -1,5 +1,5 @@
 """The SQLite backend: one transaction's reads and writes on the writer's connection
-(``Backend``), its queries from ``queries.sql``, its rows ``store/codec.py``'s with
+(``Backend``), its queries from ``queries.sql``, its rows ``store/sql/codec.py``'s with
 integers beyond 64 bits stored as BLOBs (docs/architecture.md, "SQLite")."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Any, Final, Protocol, cast
 from troth.flow.limits import Held, Limit, held_row, limit_row, stored_limit
 from troth.protocol.records import PENDING, TAG_ORIGIN, Promise, Schedule, Tags, Task
 from troth.store.base import Backend
-from troth.store.codec import PROMISE_COLS, SCHEDULE_COLS, TASK_COLS, RowCodec
-from troth.store.queries import load_queries
+from troth.store.sql.codec import PROMISE_COLS, SCHEDULE_COLS, TASK_COLS, RowCodec
+from troth.store.sql.queries import load_queries
 from troth.store.writes import Writes
 
 __all__ = ["CODEC", "Q", "SqliteBackend", "int_in", "int_out"]
@@ -43,7 +43,7 @@ def int_out(v: Any) -> Any:
 
 
 Q: Final = load_queries("troth.store.sqlite")
-#: Rows as SQLite keeps them (``store/codec.py`` with integers beyond 64 bits as BLOBs).
+#: Rows as SQLite keeps them (``store/sql/codec.py`` with integers beyond 64 bits as BLOBs).
 CODEC: Final = RowCodec(int_in=int_in, int_out=int_out, flag=int)
 
 

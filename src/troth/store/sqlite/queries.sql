@@ -1,5 +1,5 @@
--- The SQLite store's queries, by name (loaded by troth/store/queries.py).
--- Columns come in troth/store/codec.py's orders.  Integers beyond 64 bits are BLOBs
+-- The SQLite store's queries, by name (loaded by troth/store/sql/queries.py).
+-- Columns come in troth/store/sql/codec.py's orders.  Integers beyond 64 bits are BLOBs
 -- (see store.py), which sort after every INTEGER: such a deadline is never due.
 
 -- name: get_promise
