@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 
 from troth import PROTOCOL_VERSION, __version__
-from troth.store.migrate import load_migrations
+from troth.store.sql.migrate import load_migrations
 
 #: The packages whose ``migrations/`` folder holds a SQL store's schema.
 SCHEMA_PACKAGES = ("troth.store.sqlite", "troth.store.postgres")

@@ -457,7 +457,7 @@ def test_nats_down_is_retryable_and_troth_reconnects(
 def test_any_node_may_claim_nats_rows_on_postgres() -> None:
     """The routed claim (store/postgres queries.sql ``claim_routed``) gives rows whose
     ``dest_group`` is NULL to any node, as http(s) rows; a ``nats://`` row has none."""
-    from troth.store.codec import RowCodec
+    from troth.store.sql.codec import RowCodec
 
     assert RowCodec.destination("nats://resonate.recv.workers.abc") == (None, None, None)
     assert RowCodec.destination("poll://any@workers/abc") == ("any", "workers", "abc")

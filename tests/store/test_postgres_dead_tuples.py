@@ -21,7 +21,7 @@ import pytest
 from helpers import pg
 from troth.outbox.rows import RowState, Settlement
 from troth.store.postgres import PostgresStore
-from troth.store.postgres.backend import Q
+from troth.store.postgres.rows import Q
 
 #: Dead versions the churn leaves; a walk past them costs at least one buffer each page.
 CHURN = 5_000

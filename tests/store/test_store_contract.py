@@ -530,7 +530,7 @@ def test_snapshot_shape(store: Store) -> None:
             "nextRunAt": 100,
         }
     ]
-    # The outbox row's shape is memory.py's snap_row (shared); check what apply wrote.
+    # The outbox row's shape is store/snapshot.py's snap_row (shared); check what apply wrote.
     [row] = snap["outbox"]
     assert row["id"] == 1 and row["key"] == "p" and row["address"] == "poll://any@g"
     assert row["message"] == {"kind": "execute", "taskId": "p", "version": 1}

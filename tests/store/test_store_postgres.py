@@ -43,11 +43,11 @@ from troth.server.config import ConfigError, Settings
 from troth.server.run import open_store
 from troth.store.base import BatchClaim, Job, Overlay, Store
 from troth.store.memory import MemoryStore
-from troth.store.migrate import Migration, SchemaTooNew, load_migrations
 from troth.store.outbox import settle_one
 from troth.store.postgres import PostgresStore, StoreBusy, Unstorable
 from troth.store.postgres.outbox import Routing
 from troth.store.postgres.session import TextArray
+from troth.store.sql.migrate import Migration, SchemaTooNew, load_migrations
 
 
 def migrations() -> tuple[Migration, ...]:

@@ -17,11 +17,11 @@ import pytest
 
 from troth.protocol.records import Execute, Promise, Schedule, Task, Unblock, Value
 from troth.store.base import Job, Overlay
-from troth.store.codec import PROMISE_COLS
 from troth.store.faults import StoreUnavailable
-from troth.store.migrate import Migration, SchemaError, SchemaTooNew, load_migrations
 from troth.store.outbox import settle_one
-from troth.store.queries import load_queries
+from troth.store.sql.codec import PROMISE_COLS
+from troth.store.sql.migrate import Migration, SchemaError, SchemaTooNew, load_migrations
+from troth.store.sql.queries import load_queries
 from troth.store.sqlite import SqliteStore
 from troth.store.sqlite.backend import CODEC, scan_sql
 from troth.store.sqlite.migrate import split_statements
@@ -491,7 +491,7 @@ def test_failed_migration_leaves_the_previous_version(
     build_v1(db)
     real = migrations()
     broken = Migration(2, "outbox_delivery", real[1].sql + "\nSELECT no_such_function();\n")
-    monkeypatch.setattr("troth.store.migrate.load_migrations", lambda _: (real[0], broken))
+    monkeypatch.setattr("troth.store.sql.migrate.load_migrations", lambda _: (real[0], broken))
     with pytest.raises(sqlite3.OperationalError):
         SqliteStore(db)
     assert raw(db, "SELECT max(version) FROM schema_version") == [(1,)]

@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from troth.store.migrate import Migration, load_migrations
+from troth.store.sql.migrate import Migration, load_migrations
 
 #: The first version written under the rule (earlier ones predate rolling upgrades).
 RULE_SINCE = 6

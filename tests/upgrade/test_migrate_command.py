@@ -17,9 +17,9 @@ from helpers import pg
 from helpers.support import free_port
 from troth.server.config import Settings
 from troth.server.run import prepare_schema
-from troth.store.migrate import load_migrations
 from troth.store.postgres.migrate import PACKAGE as PG
 from troth.store.postgres.migrate import PgSchema
+from troth.store.sql.migrate import load_migrations
 from troth.store.sqlite import SqliteStore
 from troth.store.sqlite.migrate import PACKAGE as LITE
 

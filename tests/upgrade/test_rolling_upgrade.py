@@ -28,7 +28,7 @@ import pytest
 from helpers import pg
 from helpers.releases import Node, build, has_commit
 from troth import __version__
-from troth.store.migrate import load_migrations
+from troth.store.sql.migrate import load_migrations
 
 LATEST = len(load_migrations("troth.store.postgres"))
 FAR = 2**53

@@ -56,7 +56,7 @@ def add_migrate_command(sub: Any) -> None:
 
 
 def run_migrate(args: argparse.Namespace) -> int:
-    from troth.store.migrate import SchemaError, load_migrations
+    from troth.store.sql.migrate import SchemaError, load_migrations
     from troth.store.upgrade import apply_sqlite, open_schema, sql_file, status
 
     try:
@@ -116,7 +116,7 @@ def run_migrate(args: argparse.Namespace) -> int:
         if settings.store == "sqlite":
             reached = apply_sqlite(settings.db)
         else:
-            from troth.store.migrate import migrate
+            from troth.store.sql.migrate import migrate
 
             with open_schema("postgres", db="", postgres_url=settings.postgres_url) as s:
                 reached = migrate(s)

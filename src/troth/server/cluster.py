@@ -64,12 +64,12 @@ from troth.engine import Engine
 from troth.ops.workers import ClusterView, NodeInfo, WorkerInfo
 from troth.outbox import codes
 from troth.server.delivery import DeliveryLoop
-from troth.store.migrate import load_migrations
 from troth.store.outbox import REVIVE_WINDOW
 from troth.store.postgres import CHANNEL, PostgresStore, Routing
 from troth.store.postgres.migrate import PACKAGE
 from troth.store.postgres.timeouts import with_timeouts
-from troth.store.queries import load_queries
+from troth.store.sql.migrate import load_migrations
+from troth.store.sql.queries import load_queries
 from troth.transport.poll import Registry
 from troth.waiting import wait_event
 

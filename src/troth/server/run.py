@@ -281,7 +281,7 @@ def prepare_schema(settings: Settings) -> int | None:
     exit status ``EXIT_SCHEMA`` (4); else migrate it (PostgreSQL) and return None."""
     if settings.store == "memory":
         return None
-    from troth.store.migrate import SchemaError
+    from troth.store.sql.migrate import SchemaError
     from troth.store.upgrade import EXIT_SCHEMA, prepare
 
     try:

@@ -16,7 +16,7 @@ import sys
 
 from troth.server.config import Settings
 from troth.store.faults import StoreUnavailable
-from troth.store.migrate import SchemaError
+from troth.store.sql.migrate import SchemaError
 
 #: Exit codes of ``troth serve`` and ``troth dev`` (README, "Exit codes of troth serve").
 EXIT_OK = 0

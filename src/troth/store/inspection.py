@@ -20,8 +20,8 @@ import msgspec
 from troth.flow.limits import Held, stored_held, stored_limit
 from troth.outbox.rows import OutboxRow
 from troth.protocol.records import PENDING, TAG_ORIGIN, Promise, Schedule, Tags, Task
-from troth.store.codec import OUTBOX_COLS, PROMISE_COLS, SCHEDULE_COLS, TASK_COLS, RowCodec
 from troth.store.outbox import Cursor
+from troth.store.sql.codec import OUTBOX_COLS, PROMISE_COLS, SCHEDULE_COLS, TASK_COLS, RowCodec
 
 #: Sorts after every character (UTF-8 F4 8F BF BF): ``prefix + ID_END`` bounds the ids
 #: that start with ``prefix`` (both stores compare ids bytewise).

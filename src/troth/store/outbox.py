@@ -18,7 +18,7 @@ from typing import Any, Protocol, TypeVar
 from troth.outbox import codes
 from troth.outbox.rows import OutboxRow, RowState, Settlement
 from troth.protocol.address import parse_poll
-from troth.store.codec import RowCodec
+from troth.store.sql.codec import RowCodec
 
 #: How long ago (seconds) a message for a stream may have failed for want of a
 #: connection and still be offered again when that stream is published.

@@ -26,8 +26,8 @@ from typing import Any, Final
 import msgspec
 
 from troth.protocol.records import PENDING, TAG_ORIGIN, Promise, Task
-from troth.store.codec import PROMISE_COLS, TASK_COLS, RowCodec
 from troth.store.outbox import Cursor
+from troth.store.sql.codec import PROMISE_COLS, TASK_COLS, RowCodec
 
 #: Where a pass starts: before every ``(settled_at, id)``.
 START: Final = (-1, "")

@@ -39,12 +39,12 @@ from typing import Any, Final
 import psycopg
 
 from troth.outbox.rows import OutboxRow
-from troth.store.codec import OUTBOX_COLS, PROMISE_COLS, SELECT_ALL
-from troth.store.migrate import SchemaError, latest_version
-from troth.store.postgres.backend import _FLAGS_P, _FLAGS_T, CODEC, Q, _columns
+from troth.store.postgres.rows import CODEC, FLAGS_P, FLAGS_T, Q, columns
 from troth.store.postgres.session import NUL, Conn, IntLoader, TextArray
 from troth.store.postgres.store import PostgresStore
-from troth.store.queries import load_queries
+from troth.store.sql.codec import OUTBOX_COLS, PROMISE_COLS, SELECT_ALL
+from troth.store.sql.migrate import SchemaError, latest_version
+from troth.store.sql.queries import load_queries
 from troth.store.sqlite.backend import CODEC as SQLITE
 from troth.store.sqlite.backup import BackupError, connect_existing, troth_version
 from troth.store.sqlite.migrate import SqliteSchema
@@ -91,11 +91,11 @@ class _Table:
 
 
 def _insert_promises(cur: Cur, rows: list[tuple[Any, ...]]) -> None:
-    cur.execute(Q["insert_promises"], _columns(rows, _FLAGS_P))
+    cur.execute(Q["insert_promises"], columns(rows, FLAGS_P))
 
 
 def _insert_tasks(cur: Cur, rows: list[tuple[Any, ...]]) -> None:
-    cur.execute(Q["insert_tasks"], _columns(rows, _FLAGS_T))
+    cur.execute(Q["insert_tasks"], columns(rows, FLAGS_T))
 
 
 def _insert_schedules(cur: Cur, rows: list[tuple[Any, ...]]) -> None:
@@ -103,7 +103,7 @@ def _insert_schedules(cur: Cur, rows: list[tuple[Any, ...]]) -> None:
 
 
 def _insert_outbox(cur: Cur, rows: list[tuple[Any, ...]]) -> None:
-    cur.execute(_T["insert_outbox_rows"], _columns(rows))
+    cur.execute(_T["insert_outbox_rows"], columns(rows))
 
 
 def _insert_traces(cur: Cur, rows: list[tuple[Any, ...]]) -> None:

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from troth.store.migrate import (
+from troth.store.sql.migrate import (
     LiveNode,
     Migration,
     Schema,

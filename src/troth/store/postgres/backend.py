@@ -1,31 +1,35 @@
 """One transaction of the PostgreSQL store: locked reads, deferred coalesced writes.
 
 How and why it locks, caches, defers and detects a stale view is in
-``docs/architecture.md`` ("PostgreSQL").
+``docs/architecture.md`` ("PostgreSQL").  Its scans (``scans.py``) and its
+flow-control tables (``flow.py``) are classes it inherits: one object holds the
+transaction's state, and a call takes the same path as in one class.
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, Final, TypeVar, cast
 
 import psycopg
 from psycopg.pq import TransactionStatus
 
-from troth.flow.limits import Held, Limit, held_row, limit_row, stored_held, stored_limit
-from troth.protocol.records import (
-    PENDING,
-    TAG_ORIGIN,
-    Execute,
-    OutboxEntry,
-    Promise,
-    Schedule,
-    Tags,
-    Task,
+from troth.protocol.records import PENDING, Promise, Schedule, Task
+from troth.store.base import BatchClaim
+from troth.store.postgres.claims import INSERT_CLAIMED_FRESH, MESSAGE_COLUMNS, Reach, claimable
+from troth.store.postgres.flow import FlowTables
+from troth.store.postgres.rows import (
+    CODEC,
+    FLAGS_P,
+    FLAGS_T,
+    Q,
+    columns,
+    message_row,
+    messages_statement,
+    refuse_nul,
+    traces_statement,
 )
-from troth.store.base import Backend, BatchClaim
-from troth.store.codec import PROMISE_COLS, SCHEDULE_COLS, TASK_COLS, RowCodec, json_text
+from troth.store.postgres.scans import Scans
 from troth.store.postgres.session import (
     NUL,
     RERUN_BEFORE_COMMIT,
@@ -34,134 +38,12 @@ from troth.store.postgres.session import (
     FlushFailed,
     Phantom,
     TextArray,
-    Unstorable,
     has_nul,
     pipelined,
 )
-from troth.store.queries import load_queries
 from troth.store.writes import Writes
 
 V = TypeVar("V", Promise, Task, Schedule)
-
-Q: Final = load_queries("troth.store.postgres")
-CODEC: Final = RowCodec()
-
-
-def refuse_nul(writes: Writes) -> None:
-    """Raise before anything is sent if a value PostgreSQL text cannot hold is written.
-
-    Only text the server stores or parses as such counts: ids, states, tag keys and
-    values (searched through ``jsonb``), addresses, keys.  Other JSON columns are
-    msgspec text, where U+0000 is escaped.
-    """
-    # Group by group (no list of them all built first): it runs for every job's writes.
-    for p in writes.promises.values():
-        _refuse_nul((p.id, p.state))
-        _refuse_nul(p.tags)
-        _refuse_nul(p.tags.values())
-    for t in writes.tasks.values():
-        _refuse_nul((t.id, t.state, t.pid or ""))
-    for id, s in writes.schedules.items():
-        _refuse_nul((id,))
-        if s is not None:
-            _refuse_nul((s.cron, s.promise_id))
-            _refuse_nul(s.promise_tags)
-            _refuse_nul(s.promise_tags.values())
-    for key, entry in writes.messages.items():
-        _refuse_nul((key, entry.address))
-        if isinstance(entry.message, Execute):
-            _refuse_nul((entry.message.task_id,))
-
-
-def _refuse_nul(texts: Iterable[str]) -> None:
-    """:func:`~troth.store.postgres.session.has_nul` that names the offending text."""
-    for text in texts:
-        if NUL in text:
-            raise Unstorable(f"PostgreSQL text cannot hold U+0000: refusing to store {text!r}")
-
-
-# The boolean columns of a promise and a task row (codec order): every other column
-# goes as ``text[]`` (numbers as exact text, cast to NUMERIC by the statement).
-_FLAGS_P: Final = frozenset({10, 12})
-_FLAGS_T: Final = frozenset[int]()
-
-
-def _columns(rows: Sequence[tuple[Any, ...]], flags: frozenset[int] = _FLAGS_T) -> list[list[Any]]:
-    """Rows to parallel column arrays: ``text[]`` (:class:`TextArray`) but for the
-    boolean columns ``flags`` (none: every column text, as the outbox's)."""
-    return [list(c) if i in flags else TextArray(c) for i, c in enumerate(zip(*rows, strict=True))]
-
-
-def _message_row(
-    key: str, entry: OutboxEntry, now: int, available_at: int | None
-) -> tuple[Any, ...]:
-    """The codec's message row plus its parsed ``poll://`` destination (claims route
-    on it: ``claim_routed``)."""
-    return CODEC.message_row(key, entry, now, available_at) + CODEC.destination(entry.address)
-
-
-def _traces_statement(traces: dict[str, str]) -> tuple[str, list[list[Any]]]:
-    """One ``set_traces`` for ``Writes.traces`` (ids sorted: the rows' lock order)."""
-    ids = sorted(traces)
-    return Q["set_traces"], [TextArray(ids), TextArray([traces[id] for id in ids])]
-
-
-def _messages_statement(rows: Sequence[tuple[Any, ...]]) -> tuple[str, list[list[Any]]]:
-    """One ``upsert_messages`` for message rows in emission order (all text arrays)."""
-    return Q["upsert_messages"], _columns(rows)
-
-
-#: The groups and ``group/id`` pairs this node holds SSE connections for, asked from
-#: the writer thread (``outbox.Routing.reach``).
-Reach = Callable[[], tuple[Sequence[str], Sequence[str]]]
-
-#: A message row's columns (``_message_row`` order), as ``insert_claimed_messages``
-#: names its arrays.
-_MESSAGE_COLUMNS: Final = (
-    "keys", "address", "kind", "task_id", "version", "promise", "created", "due", "cast_",
-    "grp", "dest",
-)  # fmt: skip
-
-
-#: ``insert_claimed_messages`` without its delete of the pending rows of the same keys,
-#: for a batch whose messages are all the first ``execute`` of a task this transaction
-#: creates (an INSERT among its deferred writes): no pending row can have that key
-#: (an earlier task of the id took its pending rows along when it was deleted).  The
-#: delete is planned over the whole ``pending`` range of ``outbox_state_available``,
-#: never the unique key index: while a snapshot holds the horizon back, that range
-#: fills with the dead entries of every claim, and the delete walked them in every
-#: batch.
-_INSERT_CLAIMED_FRESH: Final = Q["insert_claimed_messages"][
-    Q["insert_claimed_messages"].index("INSERT INTO outbox") :
-]
-
-
-def _claimable(rows: Sequence[tuple[Any, ...]], claim: BatchClaim, reach: Reach | None) -> bool:
-    """Whether a claim made right after these rows were written would take every one
-    of them: each due by ``claim.now``, no more than its limit, and each this node's
-    to deliver — an http(s) row, or (``reach``: a node of several, ``claim_routed``)
-    a poll:// row for a ``group/id`` this node holds, or for any id of a group it
-    holds.  Anything else is the claim statement's to decide."""
-    if len(rows) > claim.limit:
-        return False
-    groups: Collection[str] = ()
-    pairs: Collection[str] = ()
-    if reach is not None and any(row[9] is not None for row in rows):
-        held_groups, held_pairs = reach()
-        groups, pairs = set(held_groups), set(held_pairs)
-    for row in rows:
-        if row[7] > claim.now:
-            return False
-        cast, group, id = row[8], row[9], row[10]
-        if reach is None or group is None:
-            continue
-        if id is not None and f"{group}/{id}" in pairs:
-            continue
-        if cast == "any" and id is None and group in groups:
-            continue
-        return False
-    return True
-
 
 #: The tables whose rows a batch locks, in the order a re-run locks them.
 TABLES: Final = ("promises", "tasks", "schedules")
@@ -177,63 +59,7 @@ _READ: Final = {table: Q[f"read_{_KIND[table]}"] for table in TABLES}
 _DUE: Final = {table: Q[f"due_{table}"] for table in ("promises", "tasks")}
 
 
-def _scan_sql(
-    table: str,
-    columns: str,
-    states: bool,
-    tags_column: str | None,
-    tags: bool,
-    after: bool,
-    origin: bool = False,
-    pending: bool = False,
-) -> str:
-    """The scan's statement; with ``origin``, the indexed ``origin = …`` comes first
-    (the ``resonate:origin`` tag, derived on every write); ``pending`` (the states are
-    exactly pending) is written as a literal, which the partial index of pending
-    promises matches (a parameter would not, in a generic plan)."""
-    where: list[str] = ["origin = %(origin)s"] if origin else []
-    if after:
-        where.append("id > %(after)s")
-    if pending:
-        where.append("state = 'pending'")
-    elif states:
-        where.append("state = ANY(%(states)s)")
-    if tags_column is not None and tags:
-        # jsonb containment of a flat string map is "every pair is present"; any key
-        # works (quotes, dots, colons), as with SQLite's json_each.
-        where.append(f"{tags_column}::jsonb @> %(tags)s::jsonb")
-    clause = f" WHERE {' AND '.join(where)}" if where else ""
-    return f"SELECT {columns} FROM {table}{clause} ORDER BY id LIMIT %(limit)s"
-
-
-@functools.cache
-def _scan(
-    table: str, states: bool, tags: bool, after: bool, origin: bool = False, pending: bool = False
-) -> str:
-    if table == "promises":
-        return _scan_sql(table, PROMISE_COLS, states, "tags", tags, after, origin, pending)
-    if table == "tasks":
-        return _scan_sql(table, TASK_COLS, states, None, False, after)
-    return _scan_sql(table, SCHEDULE_COLS, False, "promise_tags", tags, after)
-
-
-def _after(after: str | None) -> str | None:
-    """``id > after`` for stored ids, which never contain U+0000.
-
-    For such an id, ``id > a + NUL + rest`` holds exactly when ``id > a``, so the
-    cursor is cut at its first NUL (PostgreSQL cannot even receive one).
-    """
-    return None if after is None else after.split(NUL, 1)[0]
-
-
-def _tags_filter(tags: Tags) -> str | None:
-    """The jsonb filter text, or None when no stored row can match (a NUL in it)."""
-    if any(NUL in k or NUL in v for k, v in tags.items()):
-        return None
-    return json_text(tags)
-
-
-class PostgresBackend(Backend):
+class PostgresBackend(FlowTables, Scans):
     """Reads and writes of one transaction; :meth:`PostgresStore.begin` makes a new one.
 
     ``seen_*`` maps every id a point read looked up to whether it was there (and
@@ -334,16 +160,16 @@ class PostgresBackend(Backend):
     def _pending_statements(self) -> list[tuple[str, Any]]:
         statements: list[tuple[str, Any]] = []
         for pending, insert, upsert, flags in (
-            (self.pending_promises, Q["insert_promises"], Q["upsert_promises"], _FLAGS_P),
-            (self.pending_tasks, Q["insert_tasks"], Q["upsert_tasks"], _FLAGS_T),
+            (self.pending_promises, Q["insert_promises"], Q["upsert_promises"], FLAGS_P),
+            (self.pending_tasks, Q["insert_tasks"], Q["upsert_tasks"], FLAGS_T),
         ):
             for sql, new in ((insert, True), (upsert, False)):
                 rows = [row for id, (row, fresh) in sorted(pending.items()) if fresh is new]
                 if rows:
-                    statements.append((sql, _columns(rows, flags)))
+                    statements.append((sql, columns(rows, flags)))
             pending.clear()
         if self.pending_traces:
-            statements.append(_traces_statement(self.pending_traces))
+            statements.append(traces_statement(self.pending_traces))
             self.pending_traces = {}
         statements += self.pending_schedules
         self.pending_schedules = []
@@ -351,7 +177,7 @@ class PostgresBackend(Backend):
             statements += self.pending_flow
             self.pending_flow = []
         if self.pending_messages:
-            statements.append(_messages_statement(list(self.pending_messages.values())))
+            statements.append(messages_statement(list(self.pending_messages.values())))
             self.pending_messages = {}
         return statements
 
@@ -361,18 +187,18 @@ class PostgresBackend(Backend):
         """The statement that inserts this batch's messages already claimed by
         ``claim`` (their rows are what it returns), taking them out of the deferred
         writes; None, taking nothing, when a claim right after writing them would not
-        take exactly them (:func:`_claimable`).  It saves the claim's update of every
+        take exactly them (:func:`claimable`).  It saves the claim's update of every
         row it just inserted: a statement on the batch's path, and a dead row
         version each (docs/performance-notes.md, "Messages inserted claimed")."""
         rows = list(self.pending_messages.values())
-        if not rows or not _claimable(rows, claim, reach):
+        if not rows or not claimable(rows, claim, reach):
             return None
         self.pending_messages = {}
-        params: dict[str, Any] = dict(zip(_MESSAGE_COLUMNS, _columns(rows), strict=True))
+        params: dict[str, Any] = dict(zip(MESSAGE_COLUMNS, columns(rows), strict=True))
         params.update(now=str(claim.now), token=claim.token, worker=claim.worker_id)
         created = self.pending_tasks
         if all(row[2] == "execute" and created.get(row[3], ((), False))[1] for row in rows):
-            return _INSERT_CLAIMED_FRESH, params
+            return INSERT_CLAIMED_FRESH, params
         return Q["insert_claimed_messages"], params
 
     def prefetch(self, ids: Touched, *, wait: bool = True) -> None:
@@ -521,181 +347,6 @@ class PostgresBackend(Backend):
     def get_schedule(self, id: str) -> Schedule | None:
         return self._point("schedules", id, (id,), CODEC.schedule, None)
 
-    # -- flow control ---------------------------------------------------------------
-
-    def flow_limits(self) -> list[Limit]:
-        self.flush()
-        rows = self.cur.execute(Q["flow_limits"]).fetchall()
-        return [stored_limit(*row) for row in rows]
-
-    def flow_tat(self, group: str) -> float:
-        state = self.flow_state.get(group)
-        if state is not None:
-            return state[0]
-        self.flush()
-        r = self.cur.execute(Q["flow_tat"], (group,)).fetchone()
-        return 0.0 if r is None else float(r[0])
-
-    def flow_lock(self, group: str) -> None:
-        """Lock the group's row and read its state with it (one round trip); again in
-        the same transaction, nothing to send while no flow-control write came since."""
-        if group in self.flow_state:
-            return
-        self.flush()
-        r = self.cur.execute(Q["flow_lock"], (group,)).fetchone()
-        if r is not None:
-            self.flow_state[group] = (float(r[0]), int(r[1]), int(r[2]))
-
-    def flow_place(self, task_id: str, group: str, key: str) -> tuple[Held | None, int]:
-        self.flush()
-        r = self.cur.execute(Q["flow_place"], (group, group, key, task_id)).fetchone()
-        assert r is not None  # one row, always
-        queued = None if r[1] is None else stored_held(*r[1:])
-        return queued, int(r[0] or 0)
-
-    def flow_slot(self, task_id: str) -> str | None:
-        if task_id in self.slots:
-            return self.slots[task_id]
-        self.flush()
-        r = self.cur.execute(Q["flow_slot"], (task_id,)).fetchone()
-        found = None if r is None else str(r[0])
-        self.slots[task_id] = found
-        return found
-
-    def flow_in_use(self, group: str) -> int:
-        state = self.flow_state.get(group)
-        if state is not None:
-            return state[2]
-        self.flush()
-        return self._count(Q["flow_in_use"], group)
-
-    def flow_slots_of(self, group: str) -> list[str]:
-        self.flush()
-        return [str(r[0]) for r in self.cur.execute(Q["flow_slots_of"], (group,)).fetchall()]
-
-    def flow_held(self, group: str, limit: int, offset: int = 0) -> list[Held]:
-        self.flush()
-        rows = self.cur.execute(Q["flow_held"], (group, limit, offset)).fetchall()
-        return [stored_held(*row) for row in rows]
-
-    def flow_queued(self, task_id: str) -> Held | None:
-        self.flush()
-        r = self.cur.execute(Q["flow_queued"], (task_id,)).fetchone()
-        return None if r is None else stored_held(*r)
-
-    def flow_key_in_use(self, group: str, key: str) -> int:
-        self.flush()
-        r = self.cur.execute(Q["flow_key_in_use"], (group, key)).fetchone()
-        return 0 if r is None else int(r[0])
-
-    def flow_key_turn(self, group: str, key: str) -> int:
-        self.flush()
-        r = self.cur.execute(Q["flow_key_turn"], (group, key)).fetchone()
-        return 0 if r is None or r[0] is None else int(r[0])
-
-    def flow_turn(self, group: str) -> int:
-        state = self.flow_state.get(group)
-        if state is not None:
-            return state[1]
-        self.flush()
-        r = self.cur.execute(Q["flow_turn"], (group,)).fetchone()
-        return 0 if r is None else int(r[0])
-
-    def flow_held_count(self, group: str) -> int:
-        self.flush()
-        return self._count(Q["flow_held_count"], group)
-
-    def _count(self, sql: str, group: str) -> int:
-        r = self.cur.execute(sql, (group,)).fetchone()
-        return 0 if r is None else int(r[0])
-
-    def _flow_statements(self, writes: Writes, now: int) -> list[tuple[str, Any]]:
-        self.flow_state.clear()  # counts and buckets change: read them again (locked)
-        statements: list[tuple[str, Any]] = []
-        for key in sorted(writes.withdrawn or ()):
-            self.pending_messages.pop(key, None)
-            statements.append((Q["flow_withdraw"], (key,)))
-        keys = writes.slot_keys or {}
-        for task_id, group in sorted((writes.slots or {}).items()):
-            self.slots[task_id] = group
-            if group is None:
-                statements.append((Q["flow_delete_slot"], (task_id,)))
-            else:
-                row = (task_id, group, keys.get(task_id, ""))
-                statements.append((Q["flow_put_slot"], row))
-        for task_id, held in sorted((writes.held or {}).items()):
-            if held is None:
-                statements.append((Q["flow_delete_held"], (task_id,)))
-            else:
-                statements.append((Q["flow_put_held"], held_row(held)))
-        for group, limit in sorted((writes.limits or {}).items()):
-            if limit is None:
-                statements.append((Q["flow_delete_limit"], (group,)))
-                statements.append((Q["flow_delete_group_slots"], (group,)))
-                self.slots = {t: g for t, g in self.slots.items() if g != group}
-            else:
-                statements.append((Q["flow_put_limit"], limit_row(limit, now)))
-        for group, tat in sorted((writes.tats or {}).items()):
-            statements.append((Q["flow_put_tat"], (tat, group)))
-        for group, turn in sorted((writes.turns or {}).items()):
-            statements.append((Q["flow_put_turn"], (turn, group)))
-        return statements
-
-    def _scan_rows(
-        self,
-        table: str,
-        states: Collection[str] | None,
-        tags: Tags,
-        after: str | None,
-        limit: int,
-    ) -> list[tuple[Any, ...]] | None:
-        """Rows of one scan; None when no stored row can match the filter."""
-        self.flush()
-        params: dict[str, Any] = {"limit": limit, "after": _after(after)}
-        if states is not None:
-            params["states"] = [s for s in states if NUL not in s]
-            if not params["states"]:
-                return None
-        origin = tags.get(TAG_ORIGIN) if table == "promises" else None
-        if origin is not None:
-            if NUL in origin:
-                return None
-            params["origin"] = origin
-            tags = {k: v for k, v in tags.items() if k != TAG_ORIGIN}
-        if tags:
-            params["tags"] = _tags_filter(tags)
-            if params["tags"] is None:
-                return None
-        pending = table == "promises" and params.get("states") == [PENDING]
-        sql = _scan(
-            table, states is not None, bool(tags), after is not None, origin is not None, pending
-        )
-        return self.cur.execute(sql, params).fetchall()
-
-    def scan_promises(
-        self, states: Collection[str] | None, tags: Tags, after: str | None, limit: int
-    ) -> list[Promise]:
-        found = self._scan_rows("promises", states, tags, after, limit)
-        return [] if found is None else [CODEC.promise(r) for r in found]
-
-    def scan_tasks(
-        self, states: Collection[str] | None, after: str | None, limit: int
-    ) -> list[Task]:
-        found = self._scan_rows("tasks", states, {}, after, limit)
-        return [] if found is None else [CODEC.task(r) for r in found]
-
-    def scan_schedules(self, tags: Tags, after: str | None, limit: int) -> list[Schedule]:
-        found = self._scan_rows("schedules", None, tags, after, limit)
-        return [] if found is None else [CODEC.schedule(r) for r in found]
-
-    def promises_in_branch(self, branch: str, limit: int) -> list[Promise]:
-        if not branch or NUL in branch:
-            return []  # the empty branch is never indexed (memory.py: ``if branch:``)
-        self.flush()
-        return [
-            CODEC.promise(r) for r in self.cur.execute(Q["promises_in_branch"], (branch, limit))
-        ]
-
     # -- deadlines (SKIP LOCKED: another node is already firing those) -----------------
 
     def _ids(self, sql: str, params: Any) -> list[str]:
@@ -780,17 +431,17 @@ class PostgresBackend(Backend):
                 sql = Q["insert_task"] if seen_t.get(id) is False else Q["upsert_task"]
                 statements.append((sql, CODEC.task_row(writes.tasks[id])))
             if writes.traces:
-                statements.append(_traces_statement(writes.traces))
+                statements.append(traces_statement(writes.traces))
             statements += self._schedule_statements(writes)
             if writes.has_flow():
                 statements += self._flow_statements(writes, now)
             if writes.messages:
                 held = writes.available_at
                 rows = [
-                    _message_row(key, e, now, held.get(key) if held else None)
+                    message_row(key, e, now, held.get(key) if held else None)
                     for key, e in writes.messages.items()
                 ]
-                statements.append(_messages_statement(rows))
+                statements.append(messages_statement(rows))
             if len(statements) == 1:
                 self.cur.execute(*statements[0])
             else:
@@ -842,11 +493,11 @@ class PostgresBackend(Backend):
         for key, entry in writes.messages.items():
             self.pending_messages.pop(key, None)  # a newer message goes to the back
             due = held.get(key) if held else None
-            self.pending_messages[key] = _message_row(key, entry, now, due)
+            self.pending_messages[key] = message_row(key, entry, now, due)
 
     # -- whole-store reads -----------------------------------------------------------------
 
     def snapshot(self) -> dict[str, Any]:
-        """Everything, in memory.py's ``snapshot()`` format (built from the same Structs)."""
+        """Everything, in the memory store's ``snapshot()`` format (built from the same Structs)."""
         self.flush()
         return CODEC.snapshot(lambda sql: self.cur.execute(sql).fetchall())

@@ -1,4 +1,4 @@
-"""The PostgreSQL side of the migration runner (``store/migrate.py``).
+"""The PostgreSQL side of the migration runner (``store/sql/migrate.py``).
 
 The exclusive lock is a transaction-level advisory lock, taken before anything else
 (even ``CREATE TABLE IF NOT EXISTS`` fails when two sessions race on it), with no
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Final
 
-from troth.store.migrate import LiveNode, Migration
 from troth.store.postgres.session import Conn
+from troth.store.sql.migrate import LiveNode, Migration
 
 PACKAGE: Final = "troth.store.postgres"
 
@@ -23,7 +23,7 @@ _CREATE_VERSION_TABLE: Final = (
 
 
 class PgSchema:
-    """``store.migrate.Schema`` over one PostgreSQL connection (not in autocommit)."""
+    """``store.sql.migrate.Schema`` over one PostgreSQL connection (not in autocommit)."""
 
     package = PACKAGE
 

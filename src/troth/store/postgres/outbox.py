@@ -15,7 +15,8 @@ from typing import Any, Final, TypeVar
 from troth.outbox.rows import OutboxRow, RowState, Settlement
 from troth.store.base import BatchClaim
 from troth.store.outbox import OutboxStore, OutboxTable, SqlOutboxTable
-from troth.store.postgres.backend import CODEC, Q, Reach
+from troth.store.postgres.claims import Reach
+from troth.store.postgres.rows import CODEC, Q
 from troth.store.postgres.session import Cur, Session
 
 T = TypeVar("T")
@@ -86,7 +87,7 @@ class OutboxSession(Session):
 class PostgresOutbox(OutboxStore):
     """The outbox-row lifecycle (``outbox.rows.OutboxLifecycle``) over the outbox table.
 
-    Row for row what memory.py's ``MemoryOutbox`` does, each call one transaction
+    Row for row what the memory store's ``MemoryOutbox`` does, each call one transaction
     (re-run on conflicts) on a connection of its own (:class:`OutboxSession`, opened
     on first use), so it may run on another thread than the writer's, at the same
     time (:attr:`independent`).  Claims take ``FOR UPDATE SKIP LOCKED``, so

@@ -1,5 +1,5 @@
--- The PostgreSQL store's queries, by name (loaded by troth/store/queries.py).
--- Columns come in troth/store/codec.py's orders; instants, versions and ttls are
+-- The PostgreSQL store's queries, by name (loaded by troth/store/sql/queries.py).
+-- Columns come in troth/store/sql/codec.py's orders; instants, versions and ttls are
 -- NUMERIC (exact, unbounded).  Placeholders are psycopg's (%s, %(name)s, %b binary).
 
 -- name: get_promise

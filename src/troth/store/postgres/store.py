@@ -21,12 +21,12 @@ from troth.outbox.rows import OutboxRow
 from troth.store.base import BatchClaim, Job, Outcome, Overlay, Store, read_only
 from troth.store.faults import StoreFault, StoreUnavailable
 from troth.store.inspection import Inspection, SqlInspection
-from troth.store.migrate import check_version, migrate
 from troth.store.outbox import in_claim_order
-from troth.store.postgres.backend import CODEC, TABLES, PostgresBackend, Q, Touched
+from troth.store.postgres.backend import TABLES, PostgresBackend, Touched
 from troth.store.postgres.faults import write_refused
 from troth.store.postgres.migrate import PgSchema
 from troth.store.postgres.outbox import PostgresOutbox, claim_statement, claimed_rows
+from troth.store.postgres.rows import CODEC, Q
 from troth.store.postgres.session import (
     LOCK_TIMEOUT,
     MAX_ATTEMPTS,
@@ -40,6 +40,7 @@ from troth.store.postgres.session import (
     has_nul,
 )
 from troth.store.retention import Retention, SqlRetention
+from troth.store.sql.migrate import check_version, migrate
 
 log = logging.getLogger("troth.store.postgres")
 #: The write ``probe`` commits: the newest schema_version row, unchanged.

@@ -1,5 +1,5 @@
 """The SQLite backend: one transaction's reads and writes on the writer's connection
-(``Backend``), its queries from ``queries.sql``, its rows ``store/codec.py``'s with
+(``Backend``), its queries from ``queries.sql``, its rows ``store/sql/codec.py``'s with
 integers beyond 64 bits stored as BLOBs (docs/architecture.md, "SQLite")."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Any, Final, Protocol, cast
 from troth.flow.limits import Held, Limit, held_row, limit_row, stored_limit
 from troth.protocol.records import PENDING, TAG_ORIGIN, Promise, Schedule, Tags, Task
 from troth.store.base import Backend
-from troth.store.codec import PROMISE_COLS, SCHEDULE_COLS, TASK_COLS, RowCodec
-from troth.store.queries import load_queries
+from troth.store.sql.codec import PROMISE_COLS, SCHEDULE_COLS, TASK_COLS, RowCodec
+from troth.store.sql.queries import load_queries
 from troth.store.writes import Writes
 
 __all__ = ["CODEC", "Q", "SqliteBackend", "int_in", "int_out"]
@@ -43,7 +43,7 @@ def int_out(v: Any) -> Any:
 
 
 Q: Final = load_queries("troth.store.sqlite")
-#: Rows as SQLite keeps them (``store/codec.py`` with integers beyond 64 bits as BLOBs).
+#: Rows as SQLite keeps them (``store/sql/codec.py`` with integers beyond 64 bits as BLOBs).
 CODEC: Final = RowCodec(int_in=int_in, int_out=int_out, flag=int)
 
 
@@ -204,7 +204,7 @@ class SqliteBackend(Backend):
 
     def promises_in_branch(self, branch: str, limit: int) -> list[Promise]:
         if not branch:
-            return []  # the empty branch is never indexed (memory.py: ``if branch:``)
+            return []  # the empty branch is never indexed (memory/backend.py: ``if branch:``)
         rows = self.conn.execute(Q["promises_in_branch"], (branch, limit)).fetchall()
         return [CODEC.promise(r) for r in rows]
 
@@ -335,7 +335,7 @@ class SqliteBackend(Backend):
     # -- whole-store reads -----------------------------------------------------------------
 
     def snapshot(self) -> dict[str, Any]:
-        """Everything, in memory.py's ``snapshot()`` format (built from the same Structs)."""
+        """Everything, in the memory store's ``snapshot()`` format (built from the same Structs)."""
         return CODEC.snapshot(lambda sql: self.conn.execute(sql).fetchall())
 
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from troth.store.migrate import SchemaError, check_version
+from troth.store.sql.migrate import SchemaError, check_version
 from troth.store.sqlite.migrate import SqliteSchema
 
 TABLES: Final = ("promises", "tasks", "schedules", "outbox")

@@ -1,4 +1,4 @@
-"""The SQLite side of the migration runner (``store/migrate.py``).
+"""The SQLite side of the migration runner (``store/sql/migrate.py``).
 
 The connection is in autocommit mode (``isolation_level=None``): transactions are
 opened here explicitly, with ``BEGIN IMMEDIATE`` (the write lock) as the exclusive
@@ -12,7 +12,7 @@ from __future__ import annotations
 import sqlite3
 from typing import Final
 
-from troth.store.migrate import LiveNode, Migration, SchemaError
+from troth.store.sql.migrate import LiveNode, Migration, SchemaError
 
 PACKAGE: Final = "troth.store.sqlite"
 
@@ -44,7 +44,7 @@ def split_statements(script: str) -> list[str]:
 
 
 class SqliteSchema:
-    """``store.migrate.Schema`` over one SQLite connection."""
+    """``store.sql.migrate.Schema`` over one SQLite connection."""
 
     package = PACKAGE
 

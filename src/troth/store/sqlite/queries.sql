@@ -1,5 +1,5 @@
--- The SQLite store's queries, by name (loaded by troth/store/queries.py).
--- Columns come in troth/store/codec.py's orders.  Integers beyond 64 bits are BLOBs
+-- The SQLite store's queries, by name (loaded by troth/store/sql/queries.py).
+-- Columns come in troth/store/sql/codec.py's orders.  Integers beyond 64 bits are BLOBs
 -- (see store.py), which sort after every INTEGER: such a deadline is never due.
 
 -- name: get_promise
@@ -49,7 +49,7 @@ ON CONFLICT (id) DO UPDATE SET cron = excluded.cron, promise_id = excluded.promi
 DELETE FROM schedules WHERE id = ?
 
 -- The keyed upsert of the *pending* row: delete it, insert the new message as a
--- fresh row (a new id: it goes to the back of the queue, as in memory.py).
+-- fresh row (a new id: it goes to the back of the queue, as in memory/backend.py).
 -- name: delete_pending_message
 DELETE FROM outbox WHERE key = ? AND state = 'pending'
 

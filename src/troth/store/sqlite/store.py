@@ -2,7 +2,7 @@
 
 It answers exactly as the memory store does (scans in id order with ``after``
 exclusive, due lists in ``(deadline, id)`` order, the same snapshot); its queries
-are in ``queries.sql``, its rows are ``store/codec.py``'s, its outbox rules
+are in ``queries.sql``, its rows are ``store/sql/codec.py``'s, its outbox rules
 ``store/outbox.py``'s.  What is SQLite's own: integers beyond 64 bits stored as
 BLOBs, ``BEGIN IMMEDIATE`` batches on one connection, savepoints per job.  The
 reasons are in ``docs/architecture.md`` ("SQLite").
@@ -23,9 +23,9 @@ from troth.outbox.rows import OutboxRow
 from troth.store.base import Backend, BeginWouldWait, Job, Outcome, ReadOnly, Store, read_only
 from troth.store.faults import Reason, StoreFault, StoreUnavailable
 from troth.store.inspection import Inspection, SqlInspection
-from troth.store.migrate import check_version, migrate
 from troth.store.outbox import OutboxStore, OutboxTable, SqlOutboxTable
 from troth.store.retention import Retention, SqlRetention
+from troth.store.sql.migrate import check_version, migrate
 from troth.store.sqlite.backend import CODEC, Q, SqliteBackend, int_in
 from troth.store.sqlite.inline import InlineReader, map_header
 from troth.store.sqlite.migrate import SqliteSchema
