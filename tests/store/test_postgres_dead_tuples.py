@@ -126,6 +126,16 @@ def test_settling_claims_finds_each_row_by_its_id_not_past_dead_claims(url: str,
     assert buffers < 20, f"{buffers} buffers to settle one claim: {found}"
 
 
+def deliver_claimed_at_10(url: str) -> None:
+    """:data:`CHURN` rows claimed at 10 and delivered at 11: a dead ``dispatching``
+    version of each stays while the horizon is held."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = outbox_row("dispatching", "old", at=10)
+        conn.execute(row + f" FROM generate_series(1, {CHURN}) g")
+        conn.execute("UPDATE outbox SET state = 'completed', claim_token = NULL, updated_at = 11")
+        conn.execute("ANALYZE outbox")
+
+
 @pytest.mark.parametrize(
     ("name", "types", "args"),
     [
@@ -142,13 +152,7 @@ def test_the_maintenance_sweeps_pass_no_dead_claims(
     whose every row was delivered after the cutoff, while the horizon is held."""
     holder = holding(url)
     try:
-        with psycopg.connect(url, autocommit=True) as conn:
-            row = outbox_row("dispatching", "old", at=10)
-            conn.execute(row + f" FROM generate_series(1, {CHURN}) g")
-            conn.execute(
-                "UPDATE outbox SET state = 'completed', claim_token = NULL, updated_at = 11"
-            )
-            conn.execute("ANALYZE outbox")
+        deliver_claimed_at_10(url)
         with psycopg.connect(url) as conn:
             found, buffers = explain(conn, Q[name], types, args, "force_custom_plan")
     finally:
@@ -204,13 +208,7 @@ def test_the_reaper_from_its_floor_passes_no_dead_claims(url: str, mode: str) ->
     from the bottom walks them all."""
     holder = holding(url)
     try:
-        with psycopg.connect(url, autocommit=True) as conn:
-            row = outbox_row("dispatching", "old", at=10)
-            conn.execute(row + f" FROM generate_series(1, {CHURN}) g")
-            conn.execute(
-                "UPDATE outbox SET state = 'completed', claim_token = NULL, updated_at = 11"
-            )
-            conn.execute("ANALYZE outbox")
+        deliver_claimed_at_10(url)
         types = ["text", "numeric", "numeric", "numeric"]
         with psycopg.connect(url) as conn:
             args = ["x", 5_040, 30, 5_030]
