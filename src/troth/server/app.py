@@ -123,6 +123,27 @@ class Answered(Protocol):
     def __call__(self, answer: Answer, started: float, via: str = "") -> None: ...
 
 
+class Hooks(Protocol):
+    """What an observer adds to the request path, passed to :class:`App` rather than
+    subclassing it, so that the app stays one class and, with none given, the request
+    path pays one ``is not None`` where a hook would run.  Tracing is the one there is
+    (``server/tracing.py``: :class:`~troth.server.tracing.Tracing`)."""
+
+    def admitted(self, admitted: Admitted, headers: Iterable[tuple[bytes, bytes]]) -> Admitted:
+        """The request as admitted, perhaps replaced by one carrying more (its trace
+        context, read from the transport's ``headers`` or the envelope's head)."""
+        ...
+
+    def answered(self, inner: Answered) -> Answered:
+        """What counts and logs one answered request, given the app's own: called once,
+        when the app is built."""
+        ...
+
+    async def close(self) -> None:
+        """The app was shut down, after the engine stopped."""
+        ...
+
+
 class BodyTooLarge(Exception):
     pass
 
@@ -168,8 +189,11 @@ class App:
         node: str = "",
         retention: RetentionLoop | None = None,
         nats: NatsLink | None = None,
+        hooks: Hooks | None = None,
     ) -> None:
         self.engine = engine
+        #: None unless tracing is on: each hook point then pays one ``is not None``.
+        self.hooks = hooks
         self.settings = settings
         self.metrics = metrics or Metrics()
         self.registry = registry or Registry(
@@ -298,6 +322,8 @@ class App:
                 await self.on_shutdown()
             await self.engine.stop()
             self.started = False
+            if self.hooks is not None:
+                await self.hooks.close()
 
     async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         path: str = scope["path"]
@@ -531,7 +557,10 @@ class App:
         if env.head.traceparent is not None:  # for server/tracing.py, if it is on
             head["traceparent"] = env.head.traceparent
             head["tracestate"] = env.head.tracestate
-        return Admitted(kind, corr, req, now, head, debug_time)
+        admitted = Admitted(kind, corr, req, now, head, debug_time)
+        if self.hooks is not None:
+            return self.hooks.admitted(admitted, headers)
+        return admitted
 
     async def dispatch(self, admitted: Admitted) -> Response:
         """The admitted request served: by the debug surface, the bounce tracker
@@ -614,8 +643,11 @@ class App:
         self.answered(answer, started)
 
     def choose_answered(self) -> Answered:
-        """What :attr:`answered` is, chosen once (server/tracing.py adds a span)."""
-        return self.answered_json if self.settings.log_format == "json" else self.answered_plain
+        """What :attr:`answered` is, chosen once (a hook may wrap it: tracing adds a
+        span)."""
+        plain = self.settings.log_format != "json"
+        answered: Answered = self.answered_plain if plain else self.answered_json
+        return answered if self.hooks is None else self.hooks.answered(answered)
 
     def answered_plain(self, answer: Answer, started: float, via: str = "") -> None:
         """Count and log one answered request (``via``: `` via=nats``, or nothing):

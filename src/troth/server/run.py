@@ -162,13 +162,7 @@ def build_app(settings: Settings, store: Store | None = None) -> App:
         )
         if tracing is not None:
             retention.on_batch = tracing.retention
-    extra: dict[str, Any] = {}
-    make: type[App] = App
-    if tracing is not None:
-        from troth.server.tracing import TracedApp
-
-        make, extra = TracedApp, {"tracing": tracing}
-    app = make(
+    app = App(
         engine,
         settings,
         metrics=metrics,
@@ -179,7 +173,7 @@ def build_app(settings: Settings, store: Store | None = None) -> App:
         node=node,
         retention=retention,
         nats=nats,
-        **extra,
+        hooks=tracing,
     )
     app.scrape = StoreGauges(store, metrics, cluster, engine.flow).refresh
     return app
