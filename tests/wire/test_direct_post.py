@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from helpers.support import RunningServer, running_server
-from troth.server.app import json_headers
+from troth.server.asgi import json_headers
 from troth.server.config import Settings
 from troth.server.direct import DirectHttpToolsProtocol, JsonHeads, response, simple_request
 

@@ -28,7 +28,7 @@ HTTP/1.0, ``Expect: 100-continue``, anything malformed — hands that connection
 httptools for good, from that request on (never in the middle of one), so whatever
 is unusual is parsed and answered exactly as before.  Pipelined requests wait until
 the answer before them is written, as uvicorn's pipeline does.  A simple request
-has no task or coroutine of its own: ``App.answer_soon`` returns its answer when
+has no task or coroutine of its own: ``Envelopes.answer_soon`` returns its answer when
 nothing waits (a refusal, a SQLite point read), which
 :meth:`DirectHttpToolsProtocol.answer_now` writes there and then, without a cycle
 or a send made for it; otherwise it calls :func:`answer_simple` back when the
@@ -54,7 +54,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 from troth.protocol.envelope import encode_response
-from troth.server.app import Answer, json_headers
+from troth.server.asgi import json_headers
+from troth.server.envelope import Answer
 from troth.server.timeouts import IDLE, KEPT, GuardedHttpToolsProtocol
 
 if TYPE_CHECKING:
@@ -295,7 +296,7 @@ async def answer_directly(app: App, cycle: _Cycle) -> None:
 
 
 def failed(cycle: _Cycle, send: DirectSend, exc: BaseException) -> None:
-    """``App.envelope`` answers every request itself; reaching here is a bug.  Answer as
+    """``Envelopes.envelope`` answers every request itself; reaching here is a bug.  Answer as
     uvicorn would (500, close)."""
     log.error("POST / failed outside the envelope path", exc_info=exc)
     if not send.started and not cycle.disconnected and not cycle.transport.is_closing():
@@ -314,7 +315,7 @@ def failed(cycle: _Cycle, send: DirectSend, exc: BaseException) -> None:
 
 
 def answer_simple(app: App, cycle: SimpleCycle, started: float, answer: Answer) -> None:
-    """Write a simple request's answer (``App.answer_soon`` calls it, at once or when
+    """Write a simple request's answer (``Envelopes.answer_soon`` calls it, at once or when
     its batch committed), then count and log it."""
     send = DirectSend(cycle)
     try:
@@ -415,7 +416,7 @@ class DirectHttpToolsProtocol(GuardedHttpToolsProtocol):
                 self.counts["simple"] += 1
                 started = self.started = time.perf_counter()
                 try:
-                    answer = troth.answer_soon(body, headers, self.answer_later)
+                    answer = troth.envelopes.answer_soon(body, headers, self.answer_later)
                 except Exception as exc:  # a bug before the engine: 500, as a task had
                     cycle = self.answering = SimpleCycle(self, keep_alive)
                     failed(cycle, DirectSend(cycle), exc)

@@ -25,12 +25,13 @@ from troth.outbox import codes
 from troth.outbox.types import DispatchConfig, OutboxSender
 from troth.protocol.address import HTTP, HTTPS, NATS, POLL
 from troth.server import logs
-from troth.server.app import App, Throttled
+from troth.server.app import App
 from troth.server.auth import Authenticator, announce_auth
 from troth.server.cluster import default_node_id
 from troth.server.config import ConfigError, Settings, push_token_map
 from troth.server.delivery import DeliveryLoop
 from troth.server.direct import http_protocol
+from troth.server.logs import Throttled
 from troth.server.metrics import Metrics
 from troth.server.retention import Archive, RetentionLoop
 from troth.server.scrape import StoreGauges

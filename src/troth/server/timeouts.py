@@ -32,7 +32,7 @@ from typing import Any, ClassVar
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from troth.protocol.envelope import encode_response
-from troth.server.app import Throttled
+from troth.server.logs import Throttled
 
 #: One line a second at most, however many connections a slowloris opens.
 warnings = Throttled(logging.getLogger("troth.server"))
