@@ -198,7 +198,7 @@ def test_with_tracing_off_opentelemetry_is_not_imported(tmp_path: Path) -> None:
     program = """
 import sys
 from helpers.support import running_server
-from troth.server.app import App
+from troth.server.http.app import App
 from troth.server.config import Settings
 with running_server(Settings(store="memory")) as server:
     assert type(server.app) is App and server.app.hooks is None

@@ -16,7 +16,7 @@ that handler and print in the same format.
 The access line is on the request path.  The plain format costs what it always
 cost: the app logs it exactly as before, and nothing here runs per request except
 the standard formatter.  The JSON format's extra fields are computed only when it is
-chosen (``server/access.py``: the app picks its access logger once, at construction).
+chosen (``server/ingress/access.py``: the app picks its access logger once, at construction).
 """
 
 from __future__ import annotations

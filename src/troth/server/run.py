@@ -25,16 +25,16 @@ from troth.outbox import codes
 from troth.outbox.types import DispatchConfig, OutboxSender
 from troth.protocol.address import HTTP, HTTPS, NATS, POLL
 from troth.server import logs
-from troth.server.app import App
-from troth.server.auth import Authenticator, announce_auth
-from troth.server.cluster import default_node_id
 from troth.server.config import ConfigError, Settings, push_token_map
-from troth.server.delivery import DeliveryLoop
-from troth.server.direct import http_protocol
+from troth.server.delivery.cluster import default_node_id
+from troth.server.delivery.loop import DeliveryLoop
+from troth.server.http.app import App
+from troth.server.http.direct import http_protocol
+from troth.server.http.scrape import StoreGauges
+from troth.server.ingress.auth import Authenticator, announce_auth
 from troth.server.logs import Throttled
 from troth.server.metrics import Metrics
-from troth.server.retention import Archive, RetentionLoop
-from troth.server.scrape import StoreGauges
+from troth.server.operator.retention import Archive, RetentionLoop
 from troth.server.startup import EXIT_STORE, cannot_open_store
 from troth.server.workers import supervise
 from troth.store.base import Store
@@ -133,7 +133,7 @@ def build_app(settings: Settings, store: Store | None = None) -> App:
     engine.on_resume = delivery.wake
     cluster = None
     if store.shared:
-        from troth.server.cluster import Cluster
+        from troth.server.delivery.cluster import Cluster
         from troth.store.postgres import PostgresStore
 
         assert isinstance(store, PostgresStore)
@@ -429,7 +429,7 @@ def check_tls(settings: Settings) -> None:
 
 def uvicorn_config(app: App, settings: Settings, **overrides: Any) -> uvicorn.Config:
     """How troth runs under uvicorn: httptools with header and body read deadlines
-    (``server/timeouts.py``), idle keep-alive connections closed after ``idle_timeout``,
+    (``server/http/timeouts.py``), idle keep-alive connections closed after ``idle_timeout``,
     and HTTPS when ``tls_cert``/``tls_key`` are set (uvicorn's ``ssl_*`` options)."""
     options: dict[str, Any] = {
         "host": settings.host,
@@ -452,7 +452,7 @@ def uvicorn_config(app: App, settings: Settings, **overrides: Any) -> uvicorn.Co
         options["ssl_certfile"] = settings.tls_cert
         options["ssl_keyfile"] = settings.tls_key
     options.update(overrides)
-    # POST / answered by the protocol itself (server/direct.py), the rest by ASGI; its
+    # POST / answered by the protocol itself (server/http/direct.py), the rest by ASGI; its
     # sweeper closes idle simple connections after the keep-alive uvicorn was given.
     if "http" not in options:
         options["http"] = http_protocol(

@@ -29,7 +29,7 @@ transaction: the writer's, or a reader's) and remembered by the node
 Off by default, and then nothing of this module runs: the app has no hooks
 (``App.hooks`` is None, one ``is not None`` per hook point) and this module, and
 OpenTelemetry with it, is imported only when tracing is on.  On, :class:`Tracing` is
-the app's hooks (``server/envelope.py``: ``Hooks``): it extracts the parent once a request
+the app's hooks (``server/ingress/envelope.py``: ``Hooks``): it extracts the parent once a request
 is admitted and makes the request's span when it is answered, from the times already
 measured for the access log (no span object lives while the request is served).
 """
@@ -64,7 +64,7 @@ from troth.protocol import requests as rq
 from troth.protocol.records import TAG_PARENT, Execute
 from troth.protocol.requests import BadRequest, decode_data
 from troth.server import logs
-from troth.server.envelope import Admitted, Answer, Answered
+from troth.server.ingress.envelope import Admitted, Answer, Answered
 from troth.store.base import Overlay, ReadOnly, Store
 from troth.store.retention import Swept
 

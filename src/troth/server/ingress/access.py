@@ -13,7 +13,7 @@ import logging
 import time
 
 from troth.machine.core import request_ids
-from troth.server.envelope import Answer, Answered, Hooks
+from troth.server.ingress.envelope import Answer, Answered, Hooks
 from troth.server.logs import FIELDS, access_fields
 from troth.server.metrics import Metrics
 

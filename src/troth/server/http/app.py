@@ -5,9 +5,9 @@ A plain ASGI callable, no framework: the protocol has one endpoint and a handful
 GET routes, and every layer between the socket and the engine costs throughput.
 It can be driven without a socket (tests pass it to httpx's ASGI transport).  What
 it routes to lives beside it: the envelope handler every ingress shares
-(``server/envelope.py``), the access log (``server/access.py``), the SSE streams
-(``server/sse.py``), the operator API and actions (``server/operator.py``,
-``server/actions.py``).
+(``server/ingress/envelope.py``), the access log (``server/ingress/access.py``), the SSE streams
+(``server/http/sse.py``), the operator API and actions (``server/operator/api.py``,
+``server/operator/actions.py``).
 """
 
 from __future__ import annotations
@@ -22,9 +22,11 @@ from troth.engine import Engine
 from troth.flow.limits import parse_limits
 from troth.protocol.envelope import encode_response
 from troth.protocol.limits import too_long
-from troth.server.access import AccessLog, answered_by
-from troth.server.actions import OperatorActions
-from troth.server.asgi import (
+from troth.server.config import Settings, cors_origins
+from troth.server.delivery.bounces import BounceTracker
+from troth.server.delivery.cluster import Cluster
+from troth.server.delivery.loop import DeliveryLoop
+from troth.server.http.asgi import (
     RETRY_AFTER,
     BodyTooLarge,
     ClientGone,
@@ -36,18 +38,16 @@ from troth.server.asgi import (
     respond,
     send_bytes,
 )
-from troth.server.auth import Authenticator, Denied
-from troth.server.bounces import BounceTracker
-from troth.server.cluster import Cluster
-from troth.server.config import Settings, cors_origins
-from troth.server.cors import Cors, served
-from troth.server.delivery import DeliveryLoop
-from troth.server.envelope import Answer, Answered, Envelopes, Hooks
+from troth.server.http.cors import Cors, served
+from troth.server.http.sse import PollStreams
+from troth.server.ingress.access import AccessLog, answered_by
+from troth.server.ingress.auth import Authenticator, Denied
+from troth.server.ingress.envelope import Answer, Answered, Envelopes, Hooks
+from troth.server.ingress.nats import NatsIngress
 from troth.server.metrics import Metrics
-from troth.server.nats import NatsIngress
-from troth.server.operator import OperatorApi
-from troth.server.retention import RetentionLoop
-from troth.server.sse import PollStreams
+from troth.server.operator.actions import OperatorActions
+from troth.server.operator.api import OperatorApi
+from troth.server.operator.retention import RetentionLoop
 from troth.store.faults import StoreFault
 from troth.transport.nats import NatsLink
 from troth.transport.poll import Registry
@@ -109,7 +109,7 @@ class App:
         self.delivery = delivery
         self.cluster = cluster
         self.on_shutdown = on_shutdown
-        #: Tasks that keep bouncing (server/bounces.py): event loop only.
+        #: Tasks that keep bouncing (server/delivery/bounces.py): event loop only.
         self.bounces = bounces or BounceTracker(settings.retry_timeout)
         tracker = self.bounces
         self.metrics.gauge(
@@ -157,7 +157,7 @@ class App:
                 max_body=settings.max_body,
             )
         )
-        #: Reads what ``/metrics`` shows of the store before it renders (server/scrape.py).
+        #: Reads what ``/metrics`` shows of the store before it renders (server/http/scrape.py).
         self.scrape: Callable[[], Awaitable[None]] | None = None
         self.started = False
 

@@ -15,10 +15,10 @@ from collections.abc import Callable
 import msgspec
 
 from troth.plural import counted
-from troth.server.asgi import Receive, Send, send_bytes
-from troth.server.bounces import BounceTracker
-from troth.server.cluster import Cluster
-from troth.server.delivery import DeliveryLoop
+from troth.server.delivery.bounces import BounceTracker
+from troth.server.delivery.cluster import Cluster
+from troth.server.delivery.loop import DeliveryLoop
+from troth.server.http.asgi import Receive, Send, send_bytes
 from troth.server.logs import Throttled
 from troth.store.outbox import REVIVE_WINDOW
 from troth.transport.poll import Connection, Full, Registry

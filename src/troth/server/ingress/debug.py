@@ -2,7 +2,7 @@
 delivery, ``debug.stop`` resumes them, ``debug.tick`` fires what is due at a given
 time, ``debug.reset`` empties the store, ``debug.snap`` returns all of it.
 
-Requests like any other in their envelope (``server/envelope.py`` admits them only
+Requests like any other in their envelope (``server/ingress/envelope.py`` admits them only
 when debug is on), but served beside the engine's group commit, not through it.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 from troth.engine import Engine
 from troth.machine.state import Response
 from troth.protocol import requests as rq
-from troth.server.bounces import BounceTracker
+from troth.server.delivery.bounces import BounceTracker
 
 
 async def debug(

@@ -10,7 +10,7 @@ builds the head in a list and writes head and body in two ``transport.write`` ca
 So for ``POST /`` the protocol (:class:`DirectHttpToolsProtocol`) still parses the
 request with uvicorn's httptools protocol (keep-alive, pipelining, flow control, body
 reading, ``Expect: 100-continue``, the header and body deadlines of
-``server/timeouts.py`` — all unchanged) and still runs troth's own
+``server/http/timeouts.py`` — all unchanged) and still runs troth's own
 ``App.protocol`` (body limit, decode, auth, engine, metrics, access log — the one
 path every request takes), but hands it a ``send`` (:class:`DirectSend`) that writes
 the head it knows is well-formed (troth made every header) and the body in one
@@ -54,12 +54,12 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 from troth.protocol.envelope import encode_response
-from troth.server.asgi import json_headers
-from troth.server.envelope import Answer
-from troth.server.timeouts import IDLE, KEPT, GuardedHttpToolsProtocol
+from troth.server.http.asgi import json_headers
+from troth.server.http.timeouts import IDLE, KEPT, GuardedHttpToolsProtocol
+from troth.server.ingress.envelope import Answer
 
 if TYPE_CHECKING:
-    from troth.server.app import App
+    from troth.server.http.app import App
 
 log = logging.getLogger("troth.server")
 
@@ -484,7 +484,7 @@ class DirectHttpToolsProtocol(GuardedHttpToolsProtocol):
     def _kept(self) -> None:
         """uvicorn's ``on_response_complete`` for a simple request, whose connection has
         no uvicorn pipeline: the keep-alive wait is noted for the sweeper
-        (``server/timeouts.py``), which closes the connection past ``idle_timeout``,
+        (``server/http/timeouts.py``), which closes the connection past ``idle_timeout``,
         instead of a timer armed and cancelled per response (1.8 µs of the event loop
         a request, measured alone)."""
         self.server_state.total_requests += 1
@@ -528,7 +528,7 @@ def http_protocol(
     header_timeout: float, body_timeout: float, app: App | None, idle_timeout: float = 5.0
 ) -> type[DirectHttpToolsProtocol]:
     """The protocol class of one server: its own connection set and sweeper
-    (``server/timeouts.py``), and ``POST /`` answered directly by ``app`` (None: every
+    (``server/http/timeouts.py``), and ``POST /`` answered directly by ``app`` (None: every
     request takes ASGI)."""
     return type(
         "DirectHttpToolsProtocol",

@@ -21,11 +21,11 @@ from troth.protocol import requests as rq
 from troth.protocol.envelope import EnvelopeError, decode_envelope
 from troth.protocol.records import TaskRecord
 from troth.protocol.requests import BadRequest, decode_data
-from troth.server.auth import Authenticator, Denied, Grant, authorize
-from troth.server.bounces import BounceTracker, Refusal
 from troth.server.config import Settings
-from troth.server.debug import debug
-from troth.server.delivery import DeliveryLoop
+from troth.server.delivery.bounces import BounceTracker, Refusal
+from troth.server.delivery.loop import DeliveryLoop
+from troth.server.ingress.auth import Authenticator, Denied, Grant, authorize
+from troth.server.ingress.debug import debug
 from troth.server.metrics import Metrics
 from troth.store.base import Outcome
 from troth.store.faults import StoreFault, StoreUnavailable
@@ -37,7 +37,7 @@ grants = logging.getLogger("troth.grants")
 
 #: What an envelope is answered with: ``(kind, corrId, status, data, admitted)``; the
 #: last is the request as admitted, None for one refused before (what the JSON access
-#: line and a trace span say of it: ``server/access.py``, ``server/tracing.py``).
+#: line and a trace span say of it: ``server/ingress/access.py``, ``server/tracing.py``).
 Answer = tuple[str, str, int, object, "Admitted | None"]
 
 
@@ -57,7 +57,7 @@ class Admitted:
 
 
 class Answered(Protocol):
-    """What counts and logs one answered request (``server/access.py``)."""
+    """What counts and logs one answered request (``server/ingress/access.py``)."""
 
     def __call__(self, answer: Answer, started: float, via: str = "") -> None: ...
 
@@ -125,7 +125,7 @@ class Envelopes:
         self.settings = settings
         self.limits = settings.limits
         self.metrics = metrics
-        #: Tasks that keep bouncing (server/bounces.py): event loop only.
+        #: Tasks that keep bouncing (server/delivery/bounces.py): event loop only.
         self.bounces = bounces
         self.delivery = delivery
         #: None unless tracing is on: each hook point then pays one ``is not None``.
@@ -156,7 +156,7 @@ class Envelopes:
         self, body: bytes, headers: Iterable[tuple[bytes, bytes]], done: Callable[[Answer], None]
     ) -> Answer | None:
         """:meth:`envelope` for a caller that takes the answer by callback (a simple
-        ``POST /``, ``server/direct.py``; NATS): the answer itself where nothing waits
+        ``POST /``, ``server/http/direct.py``; NATS): the answer itself where nothing waits
         (a refusal, a point read), and ``done`` is not called; else None, and ``done``
         is called when the request's batch is committed — no task and no coroutine per
         request."""
@@ -281,7 +281,7 @@ class Envelopes:
 
     async def release(self, req: rq.TaskRelease, now: int, head: dict[str, Any]) -> Response:
         """``task.release``: a bounce of its task; after enough of them in a row, its
-        re-emitted ``execute`` is held back (``server/bounces.py``)."""
+        re-emitted ``execute`` is held back (``server/delivery/bounces.py``)."""
         hold = self.bounces.hold(req.id, now)
         delay = 0 if hold is None else hold.delay_ms
         response, address = await self.engine.release(req, now, head, delay)

@@ -5,7 +5,7 @@ to ``{prefix}.requests.{base64url(origin)}`` with a header ``Resonate-Reply-To:
 <inbox>``, and waits for one message on that inbox holding the response envelope.
 Every node queue-subscribes ``{prefix}.requests.>`` in one queue group (``troth``),
 so NATS hands each request to one node; each is served through the very function
-``POST /`` uses (``Envelopes`` in ``server/envelope.py``: validation, limits, auth
+``POST /`` uses (``Envelopes`` in ``server/ingress/envelope.py``: validation, limits, auth
 from ``head.auth``, the engine's group commit), concurrently, and answered on
 ``Resonate-Reply-To`` (the message's own reply subject when that header is absent).
 
@@ -69,8 +69,8 @@ class NatsIngress:
     """Serves the request subjects of one node.
 
     A request has no task or coroutine of its own (as a simple ``POST /`` has none,
-    ``server/direct.py``): ``handle`` is ``Envelopes.answer_soon``
-    (``server/envelope.py``), which answers at once where nothing waits and otherwise
+    ``server/http/direct.py``): ``handle`` is ``Envelopes.answer_soon``
+    (``server/ingress/envelope.py``), which answers at once where nothing waits and otherwise
     calls back when the request's batch committed.
     The answers of one batch arrive in one pass of the event loop; they are published
     together by one task, and nats-py writes them in one go.

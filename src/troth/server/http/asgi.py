@@ -1,8 +1,8 @@
 """ASGI's types and the few ways troth answers over it: a JSON body, a refusal, a
 request body read within a limit.
 
-Shared by the routes (``server/app.py``), the SSE streams (``server/sse.py``) and the
-httptools path (``server/direct.py``), which must write the very same heads.
+Shared by the routes (``server/http/app.py``), the SSE streams (``server/http/sse.py``) and the
+httptools path (``server/http/direct.py``), which must write the very same heads.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-from troth.server.auth import Denied
+from troth.server.ingress.auth import Denied
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -63,7 +63,7 @@ def json_headers(body: bytes, status: int = 200) -> list[tuple[bytes, bytes]]:
     """The headers of a JSON answer carrying ``body`` (an envelope's 503 says when to
     try again)."""
     length = (b"content-length", b"%d" % len(body))
-    # Content-Length last: JsonHeads (server/direct.py) cuts a head there.
+    # Content-Length last: JsonHeads (server/http/direct.py) cuts a head there.
     return [*JSON, *RETRY_AFTER, length] if status == 503 else [*JSON, length]
 
 
