@@ -75,11 +75,12 @@ def build_app(settings: Settings, store: Store | None = None) -> App:
     store = store or open_store(settings)
     node = settings.node_id or default_node_id()
     tracing = None
+    propagate = None
     if settings.tracing:
         from troth.server import tracing as otel
 
-        tracing = otel.enable(node)
-        tracing.lookup = otel.reader(store)
+        tracing = otel.enable(node, store)
+        propagate = otel.inject
     deadline = DEADLINE
     if settings.store == "postgres":
         # A request waits out postgres_outage_wait (a failover) inside its batch; its
@@ -98,7 +99,9 @@ def build_app(settings: Settings, store: Store | None = None) -> App:
     metrics.gauge("troth_timer_lag_seconds", lambda: engine.stats.lag_ms / 1000)
     watch_store_health(engine, metrics)
     http = HttpSender(
-        settings.url, tokens=PushTokens(settings.push_token, push_token_map(settings.push_tokens))
+        settings.url,
+        tokens=PushTokens(settings.push_token, push_token_map(settings.push_tokens)),
+        propagate=propagate,
     )
     poll = PollSender(registry, settings.url)
     config = DispatchConfig(
@@ -115,10 +118,7 @@ def build_app(settings: Settings, store: Store | None = None) -> App:
         nats = NatsLink(settings.nats_url, name=f"troth {node}")
         senders[NATS] = NatsSender(nats, settings.url, flush_timeout=settings.send_timeout)
     if tracing is not None:
-        from troth.server import tracing as otel
-
         senders = {scheme: tracing.sender(sender) for scheme, sender in senders.items()}
-        http.propagate = otel.inject
     router = Router(senders, undeliverable_reporter(metrics))
     delivery = DeliveryLoop(engine, router, config, metrics)
 
@@ -160,10 +160,9 @@ def build_app(settings: Settings, store: Store | None = None) -> App:
             interval=settings.retention_interval,
             metrics=metrics,
             archive=Archive(settings.archive_dir) if settings.archive_dir else None,
+            on_batch=None if tracing is None else tracing.retention,
         )
-        if tracing is not None:
-            retention.on_batch = tracing.retention
-    app = App(
+    return App(
         engine,
         settings,
         metrics=metrics,
@@ -175,9 +174,8 @@ def build_app(settings: Settings, store: Store | None = None) -> App:
         retention=retention,
         nats=nats,
         hooks=tracing,
+        scrape=StoreGauges(store, metrics, cluster, engine.flow).refresh,
     )
-    app.scrape = StoreGauges(store, metrics, cluster, engine.flow).refresh
-    return app
 
 
 def watch_store_health(engine: Engine, metrics: Metrics) -> None:

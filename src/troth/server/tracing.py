@@ -198,7 +198,12 @@ class TracedAdmitted(Admitted):
 class Tracing:
     """One node's tracer provider and exporter, and the spans it makes."""
 
-    def __init__(self, node: str, exporter: Any = None) -> None:
+    def __init__(
+        self,
+        node: str,
+        exporter: Any = None,
+        lookup: Callable[[str], Awaitable[str | None]] | None = None,
+    ) -> None:
         resource = Resource.create({SERVICE_INSTANCE_ID: node})
         if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
             resource = resource.merge(Resource({SERVICE_NAME: "troth"}))
@@ -212,8 +217,8 @@ class Tracing:
         self.node = node
         self.known = Known()
         #: Reads a promise's stored trace off the request path (a delivery of a
-        #: promise this node has not seen): set by the server (``run.py``).
-        self.lookup: Callable[[str], Awaitable[str | None]] | None = None
+        #: promise this node has not seen): :func:`reader` over the node's store.
+        self.lookup = lookup
 
     def parent(
         self, headers: Iterable[tuple[bytes, bytes]], head: Mapping[str, Any]
@@ -495,10 +500,11 @@ def reader(store: Store) -> Callable[[str], Awaitable[str | None]]:
     return lookup
 
 
-def enable(node: str) -> Tracing:
-    """Tracing for this process: the exporter from the standard variables, and trace
-    ids in JSON log lines."""
-    tracing = Tracing(node)
+def enable(node: str, store: Store) -> Tracing:
+    """Tracing for this process: the exporter from the standard variables, stored
+    traces read from ``store`` off the request path, and trace ids in JSON log
+    lines."""
+    tracing = Tracing(node, lookup=reader(store))
     logs.trace_ids = current_ids
     log.info(
         "tracing on: spans to %s as service %s",

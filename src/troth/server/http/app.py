@@ -83,6 +83,7 @@ class App:
         retention: RetentionLoop | None = None,
         nats: NatsLink | None = None,
         hooks: Hooks | None = None,
+        scrape: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.engine = engine
         #: None unless tracing is on: each hook point then pays one ``is not None``.
@@ -158,7 +159,7 @@ class App:
             )
         )
         #: Reads what ``/metrics`` shows of the store before it renders (server/http/scrape.py).
-        self.scrape: Callable[[], Awaitable[None]] | None = None
+        self.scrape = scrape
         self.started = False
 
     # -- ASGI entry point -----------------------------------------------------------
