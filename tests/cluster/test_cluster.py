@@ -25,8 +25,8 @@ from helpers.pgbouncer import needs_pgbouncer, pgbouncer
 from helpers.sse import stream
 from helpers.support import RunningServer, running_server
 from troth.outbox import codes
-from troth.server.cluster import Cluster
 from troth.server.config import Settings
+from troth.server.delivery.cluster import Cluster
 from troth.store.postgres import PostgresStore
 
 FAR = 10**13

@@ -1,5 +1,5 @@
 """No message is stranded: what no node could deliver is offered again when a node
-publishes its stream (``server/cluster.py``, "No message is stranded").
+publishes its stream (``server/delivery/cluster.py``, "No message is stranded").
 
 Two real servers on one throwaway database, real SSE streams.  A message for a
 stream nobody holds is tried and backed off (``troth.poll.no_connection``), and

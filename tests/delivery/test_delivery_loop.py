@@ -14,7 +14,7 @@ from helpers.hook import hook_server
 from helpers.support import running_server
 from troth.outbox.rows import OutboxRow
 from troth.server.config import Settings
-from troth.server.delivery import DeliveryLoop
+from troth.server.delivery.loop import DeliveryLoop
 
 
 def test_hanging_remote_is_reconciled_and_resent_until_the_task_moves_on() -> None:

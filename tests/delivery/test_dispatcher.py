@@ -37,7 +37,7 @@ from troth.outbox.types import (
     Unknown,
 )
 from troth.protocol.records import Execute, PromiseRecord, Unblock, Value
-from troth.server.delivery import LifecycleCalls
+from troth.server.delivery.loop import LifecycleCalls
 from troth.store.base import Job, Store
 from troth.store.memory import MemoryStore
 

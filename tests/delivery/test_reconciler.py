@@ -19,7 +19,7 @@ from troth.outbox.rows import OutboxRow
 from troth.outbox.types import Completed, Failed, Reconciled, Resend
 from troth.protocol.records import Execute, OutboxEntry, PromiseRecord, Unblock, Value
 from troth.protocol.requests import decode_data
-from troth.server.delivery import ProtocolReconciler
+from troth.server.delivery.loop import ProtocolReconciler
 from troth.store.memory import MemoryStore
 
 NOW = 10_000

@@ -19,8 +19,8 @@ from typing import Any
 import httpx
 import uvicorn
 
-from troth.server.app import App
 from troth.server.config import Settings
+from troth.server.http.app import App
 from troth.server.run import build_app, uvicorn_config
 from troth.store.base import Store
 

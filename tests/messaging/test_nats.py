@@ -29,7 +29,7 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 from helpers.nats import NatsServer, nats_server, subscribed
 from helpers.support import VERSION, RunningServer, running_server
 from troth.server.config import ConfigError, Settings, load
-from troth.server.nats import origin_of
+from troth.server.ingress.nats import origin_of
 
 FAR = 10**13
 _corr = itertools.count(1)

@@ -1,5 +1,5 @@
 """The authenticator alone: every key type and algorithm, the claims it requires, the
-insecure mode, the cache, and the authorization rules (server/auth.py).  Keys are
+insecure mode, the cache, and the authorization rules (server/ingress/auth.py).  Keys are
 generated here, never committed."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 
 from troth.cli.main import main
 from troth.protocol import requests as rq
-from troth.server.auth import (
+from troth.server.ingress.auth import (
     AuthConfigError,
     Authenticator,
     Denied,
@@ -188,7 +188,7 @@ def test_verified_tokens_are_cached_until_they_expire(tmp_path: Path) -> None:
 
 
 def _load(path: str) -> tuple[Any, tuple[str, ...]]:
-    from troth.server.auth import load_key
+    from troth.server.ingress.auth import load_key
 
     return load_key(path)
 
@@ -320,8 +320,8 @@ def test_token_command_signs_what_the_server_verifies(
 def test_start_says_how_clients_are_checked(caplog: pytest.LogCaptureFixture) -> None:
     import logging
 
-    from troth.server.auth import announce_auth
     from troth.server.config import Settings
+    from troth.server.ingress.auth import announce_auth
 
     logger = logging.getLogger("troth.test")
     caplog.set_level("INFO", "troth.test")

@@ -1,8 +1,8 @@
-"""The bounce tracker (``server/bounces.py``) on its own, with explicit instants."""
+"""The bounce tracker (``server/delivery/bounces.py``) on its own, with explicit instants."""
 
 from __future__ import annotations
 
-from troth.server.bounces import BounceTracker, Hold, Refusal
+from troth.server.delivery.bounces import BounceTracker, Hold, Refusal
 
 ADDR = "poll://any@workers"
 

@@ -1,4 +1,4 @@
-"""``POST /ops/cancel`` (server/cancel.py): a workflow's pending promises settled
+"""``POST /ops/cancel`` (server/operator/cancel.py): a workflow's pending promises settled
 ``rejected_canceled``, the root first, in bounded transactions, on every backend.
 The tree is built with the protocol's own requests, as a worker builds it."""
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-import troth.server.cancel as cancel_module
+import troth.server.operator.cancel as cancel_module
 from helpers.support import RunningServer
 from helpers.wire import action, rc
 

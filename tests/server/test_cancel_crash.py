@@ -1,5 +1,5 @@
 """A big workflow cancelled while the server is killed half way, then finished by a
-second ``troth cancel`` (server/cancel.py: bounded transactions, resumable).  A real
+second ``troth cancel`` (server/operator/cancel.py: bounded transactions, resumable).  A real
 ``troth serve`` on a SQLite file, SIGKILLed; the CLI as a user runs it."""
 
 from __future__ import annotations

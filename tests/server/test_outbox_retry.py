@@ -1,4 +1,4 @@
-"""``POST /ops/outbox/retry`` (server/actions.py): deliveries that failed for good are
+"""``POST /ops/outbox/retry`` (server/operator/actions.py): deliveries that failed for good are
 offered again with fresh attempts — unless their task is no longer pending or a
 newer message of their key exists.  A real SQLite server, a real SSE worker."""
 

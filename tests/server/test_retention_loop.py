@@ -1,4 +1,4 @@
-"""The retention loop in a real server (server/retention.py): workflows settled past
+"""The retention loop in a real server (server/operator/retention.py): workflows settled past
 the horizon disappear whole, live ones stay, the archive holds what was deleted;
 two PostgreSQL nodes share the work without doing it twice."""
 

@@ -1,4 +1,4 @@
-"""How the retention loop paces itself (server/retention.py, ``RetentionLoop.pace``):
+"""How the retention loop paces itself (server/operator/retention.py, ``RetentionLoop.pace``):
 while requests are being served it takes at most a fifth of the writer, in batches
 sized toward a short hold; when none came since its last batch it goes on at once
 with full batches; and it says in the log when it falls far behind."""
@@ -13,7 +13,7 @@ import pytest
 
 from troth.engine import Engine
 from troth.server.metrics import Metrics
-from troth.server.retention import BETWEEN_BATCHES, SHARE, TARGET, RetentionLoop
+from troth.server.operator.retention import BETWEEN_BATCHES, SHARE, TARGET, RetentionLoop
 
 
 def loop(batch: int = 100) -> tuple[RetentionLoop, Any]:

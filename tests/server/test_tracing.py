@@ -31,7 +31,7 @@ from helpers.otlp import Receiver, Span, otlp_receiver
 from helpers.serve_process import serve
 from helpers.support import VERSION, running_server
 from troth.server.config import Settings
-from troth.server.tracing import TracedApp
+from troth.server.tracing import Tracing
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT = "00f067aa0ba902b7"
@@ -75,7 +75,7 @@ def tree(spans: list[Span]) -> str:
 def test_requests_deliveries_timer_and_retention_have_spans(receiver: Receiver) -> None:
     settings = Settings(store="memory", tracing=True, retention="1s", retention_interval=0.1)
     with hook_server() as hook, running_server(settings) as server:
-        assert isinstance(server.app, TracedApp)
+        assert isinstance(server.app.hooks, Tracing)
         target = {"resonate:target": f"http://127.0.0.1:{hook.port}/run"}
         r = server.client.post(
             "/",
@@ -198,10 +198,10 @@ def test_with_tracing_off_opentelemetry_is_not_imported(tmp_path: Path) -> None:
     program = """
 import sys
 from helpers.support import running_server
-from troth.server.app import App
+from troth.server.http.app import App
 from troth.server.config import Settings
 with running_server(Settings(store="memory")) as server:
-    assert type(server.app) is App
+    assert type(server.app) is App and server.app.hooks is None
     server.ok("promise.create", {"id": "p", "timeoutAt": 10**13})
     server.ok("promise.get", {"id": "p"})
 loaded = sorted(m for m in sys.modules if m.startswith(("opentelemetry", "troth.server.tracing")))

@@ -1,4 +1,4 @@
-"""Access control over a real socket (server/auth.py, docs/security.md): 401 and 403
+"""Access control over a real socket (server/ingress/auth.py, docs/security.md): 401 and 403
 as envelopes, a prefix token confined to its ids in every request kind (a refusal
 changes nothing), searches narrowed, poll groups, the operator paths; and the
 ``idPrefix`` search filter itself on every backend.  Keys are made here."""

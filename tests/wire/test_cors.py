@@ -1,4 +1,4 @@
-"""CORS for browser clients (``cors_allow_origins``, server/cors.py), over a real
+"""CORS for browser clients (``cors_allow_origins``, server/http/cors.py), over a real
 socket: preflight ``OPTIONS`` on ``/``, ``/poll/…`` and ``/health``; the allow-origin
 headers on the answers of ``POST /``, ``GET /poll`` and ``GET /health`` for an
 allowed ``Origin`` only; ``*``; off by default; before auth (a preflight has no

@@ -1,4 +1,4 @@
-"""``POST /`` answered by the protocol itself (server/direct.py), over real sockets.
+"""``POST /`` answered by the protocol itself (server/http/direct.py), over real sockets.
 
 The direct path must be taken (a uvicorn upgrade that removed its hook would make it
 silently slower), and what it writes must be what the ASGI path writes: the same
@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 
 from helpers.support import RunningServer, running_server
-from troth.server.app import json_headers
 from troth.server.config import Settings
-from troth.server.direct import DirectHttpToolsProtocol, JsonHeads, response, simple_request
+from troth.server.http.asgi import json_headers
+from troth.server.http.direct import DirectHttpToolsProtocol, JsonHeads, response, simple_request
 
 SETTINGS = Settings(store="memory", access_log=False, max_body=4096)
 
@@ -412,7 +412,7 @@ def test_an_answer_that_does_not_encode_is_a_500(
 ) -> None:
     """An answer ready at once (a point read) whose encoding raises (a bug) is
     answered 500 with ``connection: close``, as any failure outside the envelope."""
-    import troth.server.direct as direct
+    import troth.server.http.direct as direct
 
     settings = replace(SETTINGS, store="sqlite", db=str(tmp_path / "t.db"))
     with running_server(settings) as rs:

@@ -346,7 +346,7 @@ def test_idle_keep_alive_connection_is_closed_after_idle_timeout() -> None:
 
 
 def simple_post(corr: str) -> bytes:
-    """A ``POST /`` the protocol answers itself (server/direct.py's simple path)."""
+    """A ``POST /`` the protocol answers itself (server/http/direct.py's simple path)."""
     body = envelope("promise.get", '{"id": "nope"}', corr)
     return b"POST / HTTP/1.1\r\nhost: t\r\ncontent-length: %d\r\n\r\n" % len(body) + body
 

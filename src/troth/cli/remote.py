@@ -76,12 +76,12 @@ class Remote:
         return body
 
     def operator(self, path: str, params: dict[str, str]) -> Any:
-        """``GET /ops/<path>`` (troth's operator API, server/operator.py): its JSON;
+        """``GET /ops/<path>`` (troth's operator API, server/operator/api.py): its JSON;
         raises :class:`RemoteError` on a refusal, :class:`Unreachable` without one."""
         return self._ops("GET", path, params=params)
 
     def action(self, path: str, body: dict[str, Any], timeout: float | None = None) -> Any:
-        """``POST /ops/<path>`` (troth's operator actions, server/actions.py): its
+        """``POST /ops/<path>`` (troth's operator actions, server/operator/actions.py): its
         JSON, as :meth:`operator`."""
         return self._ops("POST", path, json=body, timeout=timeout)
 

@@ -174,7 +174,7 @@ class Requests(EngineBase):
     ) -> tuple[Response, str | None]:
         """``task.release``, its re-emitted ``execute`` (r6, same commit) held back by
         ``delay_ms`` when that is positive (the server's bounce backoff,
-        ``server/bounces.py``; the machine itself is untouched); also where that
+        ``server/delivery/bounces.py``; the machine itself is untouched); also where that
         execute went (None if the job wrote none).  The delay is a value fixed before
         the job runs, so a batch that re-runs (PostgreSQL) writes the same row."""
 

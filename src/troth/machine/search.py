@@ -3,7 +3,7 @@
 Semantics, documented in docs/protocol.md: filter by ``state`` (of the projected
 view, so a promise past its deadline is found as timed out), by ``tags`` (every
 given pair present) and, a troth extension, by ``idPrefix`` (ids starting with it:
-what a prefix token may see, server/auth.py); results in id order; ``limit``
+what a prefix token may see, server/ingress/auth.py); results in id order; ``limit``
 1..1000 (default 100, 10 for schedules); ``cursor`` is opaque and continues after
 the last id of the page.
 """

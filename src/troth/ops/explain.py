@@ -107,7 +107,7 @@ class Refused(Protocol):
 
 
 class Episode(Protocol):
-    """A task's run of bounces, as server/bounces.py keeps it."""
+    """A task's run of bounces, as server/delivery/bounces.py keeps it."""
 
     @property
     def count(self) -> int: ...

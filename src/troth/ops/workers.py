@@ -3,7 +3,7 @@ them (``/ops/workers``, ``troth explain``).
 
 One node (SQLite, memory) answers from its own connection registry; several nodes on
 PostgreSQL answer from the ``nodes``, ``connections`` and ``worker_groups`` tables
-(server/cluster.py), so any node shows the whole cluster.
+(server/delivery/cluster.py), so any node shows the whole cluster.
 """
 
 from __future__ import annotations

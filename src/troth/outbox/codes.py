@@ -10,7 +10,7 @@ ATTEMPTS_EXHAUSTED: Final = "troth.dispatch.attempts_exhausted"
 SEND_TIMEOUT: Final = "troth.dispatch.send_timeout"
 SEND_CRASHED: Final = "troth.dispatch.send_crashed"
 CLAIM_EXPIRED: Final = "troth.dispatch.claim_expired"
-#: The claiming node stopped heartbeating (server/cluster.py); reaped before expiry.
+#: The claiming node stopped heartbeating (server/delivery/cluster.py); reaped before expiry.
 NODE_DEAD: Final = "troth.dispatch.node_dead"
 RECONCILED_FAILED: Final = "troth.dispatch.reconciled_failed"
 RESENDS_EXHAUSTED: Final = "troth.dispatch.resends_exhausted"

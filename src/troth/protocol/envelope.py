@@ -19,7 +19,7 @@ class Head(msgspec.Struct, frozen=True):
     corrId: str
     version: str
     debug_time: int | None = msgspec.field(default=None, name="resonate:debug_time")
-    #: The client's token (server/auth.py), never logged.  Any type decodes, so a
+    #: The client's token (server/ingress/auth.py), never logged.  Any type decodes, so a
     #: server without auth ignores whatever a client puts here, as before.
     auth: Any = None
     #: W3C trace context of the caller (an extension, docs/protocol.md): continued

@@ -14,9 +14,9 @@ logging configuration of its own (``log_config=None``), so its loggers
 that handler and print in the same format.
 
 The access line is on the request path.  The plain format costs what it always
-cost: the App logs it exactly as before, and nothing here runs per request except
+cost: the app logs it exactly as before, and nothing here runs per request except
 the standard formatter.  The JSON format's extra fields are computed only when it is
-chosen (``App`` picks its access logger once, at construction).
+chosen (``server/ingress/access.py``: the app picks its access logger once, at construction).
 """
 
 from __future__ import annotations
@@ -141,3 +141,23 @@ def access_fields(
         key, _, value = word.partition("=")
         fields[key] = value
     return fields
+
+
+class Throttled:
+    """At most one warning a second per reason; the rest are counted into the next."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self.logger = logger
+        self.last: dict[str, float] = {}
+        self.quiet: dict[str, int] = {}
+
+    def warning(self, reason: str, message: str, *args: object) -> None:
+        now = time.monotonic()
+        if now - self.last.get(reason, -2.0) < 1.0:
+            self.quiet[reason] = self.quiet.get(reason, 0) + 1
+            return
+        self.last[reason] = now
+        suppressed = self.quiet.pop(reason, 0)
+        if suppressed:
+            message += f" (and {suppressed} more in the last second)"
+        self.logger.warning(message, *args)

@@ -34,7 +34,7 @@ BUCKETS = (
 )
 
 #: ``troth_dispatch_total``'s outcomes and ``troth_outbox_reconciled_total``'s verdicts
-#: (server/delivery.py).
+#: (server/delivery/loop.py).
 DISPATCH_OUTCOMES = ("completed", "retried", "failed", "unknown", "unsettled")
 RECONCILE_VERDICTS = ("completed", "failed", "resent", "unresolved")
 #: ``troth_store_write_errors_total``'s reasons.

@@ -25,15 +25,16 @@ from troth.outbox import codes
 from troth.outbox.types import DispatchConfig, OutboxSender
 from troth.protocol.address import HTTP, HTTPS, NATS, POLL
 from troth.server import logs
-from troth.server.app import App, Throttled
-from troth.server.auth import Authenticator, announce_auth
-from troth.server.cluster import default_node_id
 from troth.server.config import ConfigError, Settings, push_token_map
-from troth.server.delivery import DeliveryLoop
-from troth.server.direct import http_protocol
+from troth.server.delivery.cluster import default_node_id
+from troth.server.delivery.loop import DeliveryLoop
+from troth.server.http.app import App
+from troth.server.http.direct import http_protocol
+from troth.server.http.scrape import StoreGauges
+from troth.server.ingress.auth import Authenticator, announce_auth
+from troth.server.logs import Throttled
 from troth.server.metrics import Metrics
-from troth.server.retention import Archive, RetentionLoop
-from troth.server.scrape import StoreGauges
+from troth.server.operator.retention import Archive, RetentionLoop
 from troth.server.startup import EXIT_STORE, cannot_open_store
 from troth.server.workers import supervise
 from troth.store.base import Store
@@ -74,11 +75,12 @@ def build_app(settings: Settings, store: Store | None = None) -> App:
     store = store or open_store(settings)
     node = settings.node_id or default_node_id()
     tracing = None
+    propagate = None
     if settings.tracing:
         from troth.server import tracing as otel
 
-        tracing = otel.enable(node)
-        tracing.lookup = otel.reader(store)
+        tracing = otel.enable(node, store)
+        propagate = otel.inject
     deadline = DEADLINE
     if settings.store == "postgres":
         # A request waits out postgres_outage_wait (a failover) inside its batch; its
@@ -97,7 +99,9 @@ def build_app(settings: Settings, store: Store | None = None) -> App:
     metrics.gauge("troth_timer_lag_seconds", lambda: engine.stats.lag_ms / 1000)
     watch_store_health(engine, metrics)
     http = HttpSender(
-        settings.url, tokens=PushTokens(settings.push_token, push_token_map(settings.push_tokens))
+        settings.url,
+        tokens=PushTokens(settings.push_token, push_token_map(settings.push_tokens)),
+        propagate=propagate,
     )
     poll = PollSender(registry, settings.url)
     config = DispatchConfig(
@@ -114,10 +118,7 @@ def build_app(settings: Settings, store: Store | None = None) -> App:
         nats = NatsLink(settings.nats_url, name=f"troth {node}")
         senders[NATS] = NatsSender(nats, settings.url, flush_timeout=settings.send_timeout)
     if tracing is not None:
-        from troth.server import tracing as otel
-
         senders = {scheme: tracing.sender(sender) for scheme, sender in senders.items()}
-        http.propagate = otel.inject
     router = Router(senders, undeliverable_reporter(metrics))
     delivery = DeliveryLoop(engine, router, config, metrics)
 
@@ -132,7 +133,7 @@ def build_app(settings: Settings, store: Store | None = None) -> App:
     engine.on_resume = delivery.wake
     cluster = None
     if store.shared:
-        from troth.server.cluster import Cluster
+        from troth.server.delivery.cluster import Cluster
         from troth.store.postgres import PostgresStore
 
         assert isinstance(store, PostgresStore)
@@ -159,16 +160,9 @@ def build_app(settings: Settings, store: Store | None = None) -> App:
             interval=settings.retention_interval,
             metrics=metrics,
             archive=Archive(settings.archive_dir) if settings.archive_dir else None,
+            on_batch=None if tracing is None else tracing.retention,
         )
-        if tracing is not None:
-            retention.on_batch = tracing.retention
-    extra: dict[str, Any] = {}
-    make: type[App] = App
-    if tracing is not None:
-        from troth.server.tracing import TracedApp
-
-        make, extra = TracedApp, {"tracing": tracing}
-    app = make(
+    return App(
         engine,
         settings,
         metrics=metrics,
@@ -179,10 +173,9 @@ def build_app(settings: Settings, store: Store | None = None) -> App:
         node=node,
         retention=retention,
         nats=nats,
-        **extra,
+        hooks=tracing,
+        scrape=StoreGauges(store, metrics, cluster, engine.flow).refresh,
     )
-    app.scrape = StoreGauges(store, metrics, cluster, engine.flow).refresh
-    return app
 
 
 def watch_store_health(engine: Engine, metrics: Metrics) -> None:
@@ -434,7 +427,7 @@ def check_tls(settings: Settings) -> None:
 
 def uvicorn_config(app: App, settings: Settings, **overrides: Any) -> uvicorn.Config:
     """How troth runs under uvicorn: httptools with header and body read deadlines
-    (``server/timeouts.py``), idle keep-alive connections closed after ``idle_timeout``,
+    (``server/http/timeouts.py``), idle keep-alive connections closed after ``idle_timeout``,
     and HTTPS when ``tls_cert``/``tls_key`` are set (uvicorn's ``ssl_*`` options)."""
     options: dict[str, Any] = {
         "host": settings.host,
@@ -457,7 +450,7 @@ def uvicorn_config(app: App, settings: Settings, **overrides: Any) -> uvicorn.Co
         options["ssl_certfile"] = settings.tls_cert
         options["ssl_keyfile"] = settings.tls_key
     options.update(overrides)
-    # POST / answered by the protocol itself (server/direct.py), the rest by ASGI; its
+    # POST / answered by the protocol itself (server/http/direct.py), the rest by ASGI; its
     # sweeper closes idle simple connections after the keep-alive uvicorn was given.
     if "http" not in options:
         options["http"] = http_protocol(

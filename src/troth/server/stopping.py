@@ -22,7 +22,7 @@ import uvicorn
 class Server(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, closing: asyncio.Event) -> None:
         super().__init__(config)
-        self.closing = closing  # the app's: set, every SSE stream ends (App.poll)
+        self.closing = closing  # the app's: set, every SSE stream ends (PollStreams.poll)
         self.loop: asyncio.AbstractEventLoop | None = None
 
     async def serve(self, sockets: list[socket.socket] | None = None) -> None:

@@ -26,12 +26,12 @@ it delivers for.  The stored context is read in the request's own job (its
 transaction: the writer's, or a reader's) and remembered by the node
 (:class:`Known`), so a workflow served by one node reads it once per promise.
 
-Off by default, and then nothing of this module runs: the server builds
-:class:`troth.server.app.App`, whose request path has no check for tracing at all;
-this module, and OpenTelemetry with it, is imported only when tracing is on.  On, the
-server builds :class:`TracedApp`, which extracts the parent in ``admit`` and makes
-the request's span when it is answered, from the times already measured for the
-access log (no span object lives while the request is served).
+Off by default, and then nothing of this module runs: the app has no hooks
+(``App.hooks`` is None, one ``is not None`` per hook point) and this module, and
+OpenTelemetry with it, is imported only when tracing is on.  On, :class:`Tracing` is
+the app's hooks (``server/ingress/envelope.py``: ``Hooks``): it extracts the parent once a request
+is admitted and makes the request's span when it is answered, from the times already
+measured for the access log (no span object lives while the request is served).
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ from troth.protocol import requests as rq
 from troth.protocol.records import TAG_PARENT, Execute
 from troth.protocol.requests import BadRequest, decode_data
 from troth.server import logs
-from troth.server.app import Admitted, Answer, Answered, App
+from troth.server.ingress.envelope import Admitted, Answer, Answered
 from troth.store.base import Overlay, ReadOnly, Store
 from troth.store.retention import Swept
 
@@ -198,7 +198,12 @@ class TracedAdmitted(Admitted):
 class Tracing:
     """One node's tracer provider and exporter, and the spans it makes."""
 
-    def __init__(self, node: str, exporter: Any = None) -> None:
+    def __init__(
+        self,
+        node: str,
+        exporter: Any = None,
+        lookup: Callable[[str], Awaitable[str | None]] | None = None,
+    ) -> None:
         resource = Resource.create({SERVICE_INSTANCE_ID: node})
         if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
             resource = resource.merge(Resource({SERVICE_NAME: "troth"}))
@@ -212,8 +217,8 @@ class Tracing:
         self.node = node
         self.known = Known()
         #: Reads a promise's stored trace off the request path (a delivery of a
-        #: promise this node has not seen): set by the server (``run.py``).
-        self.lookup: Callable[[str], Awaitable[str | None]] | None = None
+        #: promise this node has not seen): :func:`reader` over the node's store.
+        self.lookup = lookup
 
     def parent(
         self, headers: Iterable[tuple[bytes, bytes]], head: Mapping[str, Any]
@@ -348,9 +353,17 @@ class Tracing:
             span.set_status(Status(StatusCode.ERROR, f"status {status}"))
         return span
 
-    def traced_answered(self, inner: Answered) -> Answered:
-        """``App.answered`` that also records the request's span; the access line is
-        logged inside it, so that the JSON format carries its trace and span ids."""
+    def admitted(
+        self, admitted: Admitted, headers: Iterable[tuple[bytes, bytes]]
+    ) -> TracedAdmitted:
+        """The app's hook after ``Envelopes.admit``: the request with its caller's trace
+        context (``headers``, else the envelope's head) and its span's ids."""
+        return TracedAdmitted(admitted, self.parent(headers, admitted.head), self)
+
+    def answered(self, inner: Answered) -> Answered:
+        """The app's hook on ``App.answered``: it also records the request's span; the
+        access line is logged inside it, so that the JSON format carries its trace and
+        span ids."""
 
         def answered(answer: Answer, started: float, via: str = "") -> None:
             span = self.request(answer, started, via)
@@ -477,30 +490,6 @@ def current_ids() -> tuple[str, str] | None:
     return f"{context.trace_id:032x}", f"{context.span_id:016x}"
 
 
-class TracedApp(App):
-    """:class:`App` with spans: the caller's trace context read in :meth:`admit`,
-    the request's span made in :attr:`answered`."""
-
-    def __init__(self, *args: Any, tracing: Tracing, **kwargs: Any) -> None:
-        self.tracing = tracing
-        super().__init__(*args, **kwargs)
-
-    def choose_answered(self) -> Answered:
-        return self.tracing.traced_answered(super().choose_answered())
-
-    def admit(self, body: bytes, headers: Iterable[tuple[bytes, bytes]]) -> Answer | Admitted:
-        got = super().admit(body, headers)
-        if isinstance(got, Admitted):
-            return TracedAdmitted(got, self.tracing.parent(headers, got.head), self.tracing)
-        return got
-
-    async def shutdown(self) -> None:
-        was = self.started
-        await super().shutdown()
-        if was:
-            await self.tracing.close()
-
-
 def reader(store: Store) -> Callable[[str], Awaitable[str | None]]:
     """:attr:`Tracing.lookup` over ``store``: a read snapshot of its own, in a thread
     (``Store.inspect``), never the writer's."""
@@ -511,10 +500,11 @@ def reader(store: Store) -> Callable[[str], Awaitable[str | None]]:
     return lookup
 
 
-def enable(node: str) -> Tracing:
-    """Tracing for this process: the exporter from the standard variables, and trace
-    ids in JSON log lines."""
-    tracing = Tracing(node)
+def enable(node: str, store: Store) -> Tracing:
+    """Tracing for this process: the exporter from the standard variables, stored
+    traces read from ``store`` off the request path, and trace ids in JSON log
+    lines."""
+    tracing = Tracing(node, lookup=reader(store))
     logs.trace_ids = current_ids
     log.info(
         "tracing on: spans to %s as service %s",

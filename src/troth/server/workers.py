@@ -2,7 +2,7 @@
 
 One troth process is one event loop and one writer sharing one interpreter lock: it
 uses about one core.  On PostgreSQL, several processes already make one service (a
-cluster of nodes: ``server/cluster.py``), so the way to use a machine's cores is N
+cluster of nodes: ``server/delivery/cluster.py``), so the way to use a machine's cores is N
 nodes on one machine.  This module is their supervisor:
 
 * clients see one port: every child listens on it with ``SO_REUSEPORT``, so the

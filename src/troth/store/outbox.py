@@ -110,7 +110,7 @@ class OutboxTable(ABC):
         message is the one that counts).
 
         A node of a cluster offers these again through the cluster's own query
-        (``server/cluster.py``); a dialect without one need not answer."""
+        (``server/delivery/cluster.py``); a dialect without one need not answer."""
         raise NotImplementedError("a cluster's node revives through connections_revive")
 
 
@@ -274,7 +274,7 @@ class OutboxStore(ABC):
     def revive(self, group: str, id: str, now: int, since: int) -> tuple[int, int]:
         """A worker connected to ``group/id`` on a node of its own (SQLite, memory):
         what could not be delivered to exactly that stream is offered again, as a
-        cluster does when a node publishes a stream (``server/cluster.py``, "No
+        cluster does when a node publishes a stream (``server/delivery/cluster.py``, "No
         message is stranded").  Those backed off come due at once; of those that
         failed since ``since``, the newest of each key is pending again with its
         attempts starting over, unless a pending row of the key holds its place.

@@ -8,7 +8,7 @@ promises has been settled for longer than the horizon, so a live workflow never
 loses a child, and a tree is deleted in one transaction, so a request sees either
 all of it or nothing.  Roots are read oldest-settled first through the partial
 index ``promises_settled_roots`` (schema version 5), from a cursor, a batch at a
-time: the caller (server/retention.py) bounds each batch and yields between them.
+time: the caller (server/operator/retention.py) bounds each batch and yields between them.
 
 On PostgreSQL several nodes sweep at once: candidate roots and then their trees are
 locked ``FOR UPDATE SKIP LOCKED``, so two nodes never take the same tree and a tree

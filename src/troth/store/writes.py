@@ -18,7 +18,7 @@ class Writes:
     messages: dict[str, OutboxEntry] = field(default_factory=dict)
     #: When a message of ``messages`` may first be claimed, by key, where not at once
     #: (the job's ``now``): the server's backoff of a task that keeps bouncing
-    #: (``server/bounces.py``).  Set by the server after the machine ran, never by it.
+    #: (``server/delivery/bounces.py``).  Set by the server after the machine ran, never by it.
     available_at: dict[str, int] = field(default_factory=dict)
     #: The trace context (W3C ``traceparent``) to keep with the promises this job
     #: wrote, by id, where a promise has none yet: set by the server after the

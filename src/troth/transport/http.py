@@ -104,11 +104,12 @@ class HttpSender:
         *,
         connect_timeout: float = 10.0,
         tokens: PushTokens | None = None,
+        propagate: Callable[[dict[str, str]], None] | None = None,
     ) -> None:
         self.server_url = server_url
         self.tokens = tokens if tokens else None
         #: Adds trace context to a push's headers when tracing is on (server/tracing.py).
-        self.propagate: Callable[[dict[str, str]], None] | None = None
+        self.propagate = propagate
         # No read timeout here: the dispatcher's send_timeout turns a hang into Unknown.
         self.client = httpx.AsyncClient(
             timeout=httpx.Timeout(None, connect=connect_timeout),

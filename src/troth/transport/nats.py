@@ -4,7 +4,7 @@
 reconnecting for as long as the server runs (nats-py's own reconnect loop, never
 given up), logging a warning when it loses NATS and when it cannot reach it; a NATS
 outage never stops troth, it only makes NATS requests and ``nats://`` deliveries wait.
-The request ingress (``server/nats.py``) and :class:`NatsSender` share it.
+The request ingress (``server/ingress/nats.py``) and :class:`NatsSender` share it.
 
 :class:`NatsSender` publishes ``execute``/``unblock`` (the JSON of an SSE ``data:``
 line) to the subject of a ``nats://`` address, exactly as written.  Core NATS has no

@@ -1,5 +1,5 @@
 """``troth cancel`` and ``troth outbox retry``: troth's operator actions
-(``POST /ops/…``, server/actions.py), reported for people or as JSON with ``--json``."""
+(``POST /ops/…``, server/operator/actions.py), reported for people or as JSON with ``--json``."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """``troth explain``, ``troth workers``, ``troth outbox``: troth's operator API
-(``GET /ops/…``, server/operator.py) for people, or as JSON with ``--json``.
+(``GET /ops/…``, server/operator/api.py) for people, or as JSON with ``--json``.
 
 Unlike the protocol commands these need a troth server: the reasons, the outbox and
 the worker connections are not part of the protocol.

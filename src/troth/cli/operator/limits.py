@@ -1,5 +1,5 @@
 """``troth limits``: the concurrency and rate limits of worker groups (flow control,
-``POST /ops/limits/…`` and ``GET /ops/limits``, server/actions.py), for people or
+``POST /ops/limits/…`` and ``GET /ops/limits``, server/operator/actions.py), for people or
 as JSON with ``--json``."""
 
 from __future__ import annotations

@@ -22,13 +22,13 @@ from troth.store.postgres.session import Cur, Session
 T = TypeVar("T")
 
 #: The channel of ``PostgresOutbox.notify``; its payload is
-#: ``"{node} {messages} {deadline|-}"`` (``server/cluster.py``).
+#: ``"{node} {messages} {deadline|-}"`` (``server/delivery/cluster.py``).
 CHANNEL: Final = "troth"
 
 
 @dataclass(frozen=True)
 class Routing:
-    """How a node of several claims poll:// rows (set by ``server/cluster.py``).
+    """How a node of several claims poll:// rows (set by ``server/delivery/cluster.py``).
 
     ``reach`` answers, from any thread, the groups and ``group/id`` pairs this node
     holds SSE connections for right now; ``timeout_ms`` is how old another node's

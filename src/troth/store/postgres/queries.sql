@@ -213,7 +213,7 @@ WITH due AS MATERIALIZED (SELECT id FROM outbox WHERE state = 'pending' AND avai
     o.address, o.kind, o.task_id, o.version, o.promise, o.created_at, o.state, o.attempts,
     o.available_at, o.claim_token, o.claimed_by, o.claimed_at, o.last_code, o.updated_at
 
--- The claim of one node among several (server/cluster.py): besides http(s) rows,
+-- The claim of one node among several (server/delivery/cluster.py): besides http(s) rows,
 -- the poll:// rows it can deliver itself, and those no live node can (tried, found
 -- undeliverable and backed off, as on one node).  `others` is what the other live
 -- nodes hold, by the database's clock.  Anycast with a preferred id goes first to
@@ -334,7 +334,7 @@ SELECT id, state, version, ttl, pid, expires_at, retry_at, resumes FROM tasks WH
 -- name: prelock_schedules
 SELECT id FROM schedules WHERE id = ANY(%b) ORDER BY id FOR UPDATE
 
--- Membership of several nodes (server/cluster.py), on the database's clock.
+-- Membership of several nodes (server/delivery/cluster.py), on the database's clock.
 -- name: node_register
 INSERT INTO nodes (node, url, started_at, seen_at, release, schema_version)
     VALUES (%s, %s, extract(epoch FROM clock_timestamp()) * 1000,
@@ -371,7 +371,7 @@ WITH seen AS (
 DELETE FROM connections WHERE node = %(node)s AND grp = %(grp)s AND pid = %(pid)s
 
 -- A node published streams (`pairs`, "group/id"): the messages for them that no node
--- could deliver are offered again (server/cluster.py, "No message is stranded").
+-- could deliver are offered again (server/delivery/cluster.py, "No message is stranded").
 -- Those backed off for want of a connection come due at once; of those that
 -- exhausted their attempts (only a missing connection fails a poll:// send that way)
 -- since %(since)s, the newest of each key comes back as pending — unless a pending
@@ -410,7 +410,7 @@ INSERT INTO worker_groups (grp, seen_at)
 -- name: nodes_delete
 DELETE FROM nodes WHERE node = ANY(%s)
 
--- What the operator API shows of the cluster (server/cluster.py, ops/).  Nodes and
+-- What the operator API shows of the cluster (server/delivery/cluster.py, ops/).  Nodes and
 -- their connections, with the database's clock for "now" (ms).
 -- name: ops_nodes
 SELECT node, url, started_at, seen_at, extract(epoch FROM clock_timestamp()) * 1000,

@@ -13,7 +13,7 @@ every connection past ``header_timeout`` or ``body_timeout``: it answers ``408``
 then closes.  The request path pays two ``loop.time()`` calls and no timer.
 
 The same sweeper closes a connection whose simple ``POST /`` was answered
-(``server/direct.py``) once it has waited longer than ``idle_timeout`` for the next
+(``server/http/direct.py``) once it has waited longer than ``idle_timeout`` for the next
 request — what uvicorn's keep-alive timer does for every other response, without a
 timer armed and cancelled per request.  It closes within a sweep interval (at most
 a quarter of ``idle_timeout``, and 1 s) after the deadline, never before.
@@ -32,7 +32,7 @@ from typing import Any, ClassVar
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from troth.protocol.envelope import encode_response
-from troth.server.app import Throttled
+from troth.server.logs import Throttled
 
 #: One line a second at most, however many connections a slowloris opens.
 warnings = Throttled(logging.getLogger("troth.server"))

@@ -24,7 +24,7 @@ from typing import Final
 
 from troth.flow.gate import Flow
 from troth.outbox.rows import RowState
-from troth.server.cluster import Cluster, Horizon
+from troth.server.delivery.cluster import Cluster, Horizon
 from troth.server.metrics import Metrics
 from troth.store.base import Store
 from troth.store.inspection import Inspection, LimitUse

@@ -9,7 +9,7 @@
 ``/ops/outbox``          outbox rows, newest first: ``state``, ``task``, ``before``, ``limit``
 ``/ops/workers``         connected workers by group and node, groups' last seen, nodes
 ``/ops/counts``          rows by state: promises, tasks, outbox; schedules
-``/ops/bounces``         tasks bouncing now (server/bounces.py)
+``/ops/bounces``         tasks bouncing now (server/delivery/bounces.py)
 ``/ops/promise?id=ID``   one promise with its callbacks and listeners, and its task
 ``/ops/tree?id=ID``      a workflow's promises (by ``resonate:origin``) with their tasks
 ``/ops/timeline?id=ID``  its promises' and tasks' events in one order (ops/timeline.py)
@@ -36,7 +36,7 @@ from troth.ops.timeline import EXECUTES_PER_TASK, timeline
 from troth.ops.workers import ClusterView, local_view
 from troth.outbox.rows import RowState
 from troth.protocol.records import PROMISE_STATES
-from troth.server.bounces import BounceTracker
+from troth.server.delivery.bounces import BounceTracker
 from troth.store.base import Store
 from troth.store.inspection import TREE_LIMIT
 from troth.transport.poll import Registry

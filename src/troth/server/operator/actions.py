@@ -2,7 +2,7 @@
 
 =========================  ============================================================
 ``POST /ops/cancel``       ``{"id", "reason"?}``: cancel the workflow rooted at ``id``
-                           (server/cancel.py; ``troth cancel``)
+                           (server/operator/cancel.py; ``troth cancel``)
 ``POST /ops/outbox/retry`` ``{"target"?, "since"?, "dryRun"?}``: failed deliveries
                            offered again with fresh attempts (``troth outbox retry``)
 ``POST /ops/limits/set``   ``{"group", "concurrency", "rate", "burst", "perKey"}``: set
@@ -32,9 +32,9 @@ from troth.machine.state import TASK_PENDING
 from troth.outbox.rows import OutboxRow, RowState
 from troth.protocol.address import parse_poll
 from troth.protocol.records import Execute
-from troth.server.cancel import MAX_REASON, cancel_workflow
-from troth.server.delivery import DeliveryLoop
-from troth.server.operator import Refused
+from troth.server.delivery.loop import DeliveryLoop
+from troth.server.operator.api import Refused
+from troth.server.operator.cancel import MAX_REASON, cancel_workflow
 from troth.store.inspection import Inspection
 
 Answer = tuple[int, Any]

@@ -10,7 +10,7 @@ builds the head in a list and writes head and body in two ``transport.write`` ca
 So for ``POST /`` the protocol (:class:`DirectHttpToolsProtocol`) still parses the
 request with uvicorn's httptools protocol (keep-alive, pipelining, flow control, body
 reading, ``Expect: 100-continue``, the header and body deadlines of
-``server/timeouts.py`` — all unchanged) and still runs troth's own
+``server/http/timeouts.py`` — all unchanged) and still runs troth's own
 ``App.protocol`` (body limit, decode, auth, engine, metrics, access log — the one
 path every request takes), but hands it a ``send`` (:class:`DirectSend`) that writes
 the head it knows is well-formed (troth made every header) and the body in one
@@ -28,7 +28,7 @@ HTTP/1.0, ``Expect: 100-continue``, anything malformed — hands that connection
 httptools for good, from that request on (never in the middle of one), so whatever
 is unusual is parsed and answered exactly as before.  Pipelined requests wait until
 the answer before them is written, as uvicorn's pipeline does.  A simple request
-has no task or coroutine of its own: ``App.answer_soon`` returns its answer when
+has no task or coroutine of its own: ``Envelopes.answer_soon`` returns its answer when
 nothing waits (a refusal, a SQLite point read), which
 :meth:`DirectHttpToolsProtocol.answer_now` writes there and then, without a cycle
 or a send made for it; otherwise it calls :func:`answer_simple` back when the
@@ -54,11 +54,12 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 from troth.protocol.envelope import encode_response
-from troth.server.app import Answer, json_headers
-from troth.server.timeouts import IDLE, KEPT, GuardedHttpToolsProtocol
+from troth.server.http.asgi import json_headers
+from troth.server.http.timeouts import IDLE, KEPT, GuardedHttpToolsProtocol
+from troth.server.ingress.envelope import Answer
 
 if TYPE_CHECKING:
-    from troth.server.app import App
+    from troth.server.http.app import App
 
 log = logging.getLogger("troth.server")
 
@@ -295,7 +296,7 @@ async def answer_directly(app: App, cycle: _Cycle) -> None:
 
 
 def failed(cycle: _Cycle, send: DirectSend, exc: BaseException) -> None:
-    """``App.envelope`` answers every request itself; reaching here is a bug.  Answer as
+    """``Envelopes.envelope`` answers every request itself; reaching here is a bug.  Answer as
     uvicorn would (500, close)."""
     log.error("POST / failed outside the envelope path", exc_info=exc)
     if not send.started and not cycle.disconnected and not cycle.transport.is_closing():
@@ -314,7 +315,7 @@ def failed(cycle: _Cycle, send: DirectSend, exc: BaseException) -> None:
 
 
 def answer_simple(app: App, cycle: SimpleCycle, started: float, answer: Answer) -> None:
-    """Write a simple request's answer (``App.answer_soon`` calls it, at once or when
+    """Write a simple request's answer (``Envelopes.answer_soon`` calls it, at once or when
     its batch committed), then count and log it."""
     send = DirectSend(cycle)
     try:
@@ -415,7 +416,7 @@ class DirectHttpToolsProtocol(GuardedHttpToolsProtocol):
                 self.counts["simple"] += 1
                 started = self.started = time.perf_counter()
                 try:
-                    answer = troth.answer_soon(body, headers, self.answer_later)
+                    answer = troth.envelopes.answer_soon(body, headers, self.answer_later)
                 except Exception as exc:  # a bug before the engine: 500, as a task had
                     cycle = self.answering = SimpleCycle(self, keep_alive)
                     failed(cycle, DirectSend(cycle), exc)
@@ -483,7 +484,7 @@ class DirectHttpToolsProtocol(GuardedHttpToolsProtocol):
     def _kept(self) -> None:
         """uvicorn's ``on_response_complete`` for a simple request, whose connection has
         no uvicorn pipeline: the keep-alive wait is noted for the sweeper
-        (``server/timeouts.py``), which closes the connection past ``idle_timeout``,
+        (``server/http/timeouts.py``), which closes the connection past ``idle_timeout``,
         instead of a timer armed and cancelled per response (1.8 µs of the event loop
         a request, measured alone)."""
         self.server_state.total_requests += 1
@@ -527,7 +528,7 @@ def http_protocol(
     header_timeout: float, body_timeout: float, app: App | None, idle_timeout: float = 5.0
 ) -> type[DirectHttpToolsProtocol]:
     """The protocol class of one server: its own connection set and sweeper
-    (``server/timeouts.py``), and ``POST /`` answered directly by ``app`` (None: every
+    (``server/http/timeouts.py``), and ``POST /`` answered directly by ``app`` (None: every
     request takes ASGI)."""
     return type(
         "DirectHttpToolsProtocol",

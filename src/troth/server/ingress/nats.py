@@ -5,9 +5,9 @@ to ``{prefix}.requests.{base64url(origin)}`` with a header ``Resonate-Reply-To:
 <inbox>``, and waits for one message on that inbox holding the response envelope.
 Every node queue-subscribes ``{prefix}.requests.>`` in one queue group (``troth``),
 so NATS hands each request to one node; each is served through the very function
-``POST /`` uses (``App.envelope``: validation, limits, auth from ``head.auth``, the
-engine's group commit), concurrently, and answered on ``Resonate-Reply-To`` (the
-message's own reply subject when that header is absent).
+``POST /`` uses (``Envelopes`` in ``server/ingress/envelope.py``: validation, limits, auth
+from ``head.auth``, the engine's group commit), concurrently, and answered on
+``Resonate-Reply-To`` (the message's own reply subject when that header is absent).
 
 The origin is read from the subject, never from the connector's ``resonate:origin``
 header: a colon is not allowed in a NATS header name (nats-py 2.16 refuses to send
@@ -45,7 +45,7 @@ CONCURRENCY = 1024
 #: Seconds shutdown waits for requests in flight to be answered.
 DRAIN_SECONDS = 10.0
 
-#: ``App.envelope``'s answer: ``(kind, corrId, status, data, admitted)``.
+#: ``Envelopes.envelope``'s answer: ``(kind, corrId, status, data, admitted)``.
 Answer = tuple[str, str, int, object, Any]
 
 
@@ -69,8 +69,9 @@ class NatsIngress:
     """Serves the request subjects of one node.
 
     A request has no task or coroutine of its own (as a simple ``POST /`` has none,
-    ``server/direct.py``): ``handle`` is :meth:`App.answer_soon`, which answers at once
-    where nothing waits and otherwise calls back when the request's batch committed.
+    ``server/http/direct.py``): ``handle`` is ``Envelopes.answer_soon``
+    (``server/ingress/envelope.py``), which answers at once where nothing waits and otherwise
+    calls back when the request's batch committed.
     The answers of one batch arrive in one pass of the event loop; they are published
     together by one task, and nats-py writes them in one go.
     """
@@ -131,7 +132,7 @@ class NatsIngress:
             return
         try:
             answer = self.handle(msg.data, done)
-        except Exception:  # App.answer_soon answers every error itself; a safety net
+        except Exception:  # Envelopes.answer_soon answers every error itself; a safety net
             log.exception("NATS: serving a request on %s failed", msg.subject)
             answer = ("unknown", "0", 500, "Internal error", None)
         if answer is not None:

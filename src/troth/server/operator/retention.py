@@ -87,6 +87,7 @@ class RetentionLoop:
         interval: float,
         metrics: Metrics,
         archive: Archive | None = None,
+        on_batch: Callable[[Swept, float], None] | None = None,
     ) -> None:
         self.engine = engine
         self.horizon_ms = horizon_ms
@@ -105,7 +106,7 @@ class RetentionLoop:
         self._warned = 0.0
         self._task: asyncio.Task[None] | None = None
         #: Told of each batch and how long it took (tracing).
-        self.on_batch: Callable[[Swept, float], None] | None = None
+        self.on_batch = on_batch
         metrics.gauge("troth_retention_behind_seconds", lambda: self.behind_ms / 1000)
         metrics.gauge("troth_retention_last_run_timestamp_seconds", lambda: self.last_run)
 

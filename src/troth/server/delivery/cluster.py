@@ -63,7 +63,7 @@ from troth import __version__
 from troth.engine import Engine
 from troth.ops.workers import ClusterView, NodeInfo, WorkerInfo
 from troth.outbox import codes
-from troth.server.delivery import DeliveryLoop
+from troth.server.delivery.loop import DeliveryLoop
 from troth.store.outbox import REVIVE_WINDOW
 from troth.store.postgres import CHANNEL, PostgresStore, Routing
 from troth.store.postgres.migrate import PACKAGE

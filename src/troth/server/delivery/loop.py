@@ -136,7 +136,7 @@ class DeliveryLoop:
         self._last_maintenance = 0.0
         self._last_purge = 0.0
         self._last_reap = -math.inf
-        #: Set by the cluster (server/cluster.py): wakes other nodes for messages of a
+        #: Set by the cluster (server/delivery/cluster.py): wakes other nodes for messages of a
         #: commit that this node did not claim itself (called on the writer thread).
         self.announce: Callable[[int], None] | None = None
 
