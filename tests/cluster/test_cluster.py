@@ -245,8 +245,12 @@ def test_a_dead_nodes_presence_stops_counting_and_its_claims_are_reaped(
             " claimed_at = round(extract(epoch FROM clock_timestamp()) * 1000)"
             " WHERE key = 'haunt'"
         )
+    # Well within the 120 s claim timeout, and not the 5 s of a quick state change: the
+    # reaper runs at the nodes' heartbeat, which a busy machine delays.
     wait_for(
-        "the ghost's claim to be reaped", lambda: outbox_row(url, "haunt")["state"] != "dispatching"
+        "the ghost's claim to be reaped",
+        lambda: outbox_row(url, "haunt")["state"] != "dispatching",
+        timeout=30,
     )
     with psycopg.connect(url) as conn:
         assert conn.execute("SELECT count(*) FROM nodes WHERE node = 'ghost'").fetchone() == (0,)

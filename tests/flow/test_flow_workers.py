@@ -44,6 +44,16 @@ class Running:
         self.done: list[str] = []
         #: When each task started (monotonic), in the order they started.
         self.started: list[tuple[float, str]] = []
+        #: Released once per worker whose stream is open (:meth:`streams_open`).
+        self.opened = threading.Semaphore(0)
+
+    def streams_open(self, n: int, within: float = 10) -> None:
+        """Wait until ``n`` workers' streams are open (registered: stream() returns
+        once the server has sent its first byte)."""
+        deadline = time.monotonic() + within
+        for i in range(n):
+            opened = self.opened.acquire(timeout=max(0.0, deadline - time.monotonic()))
+            assert opened, f"{i} of {n} workers' streams open"
 
     def start(self, id: str = "") -> None:
         with self.lock:
@@ -67,6 +77,7 @@ def work(
     """One worker: acquire what it is sent, work 0.3 s, fulfil.  A refused acquire
     (another worker has it, or the limit holds it) is dropped, as the SDKs drop it."""
     with stream(server, "fc", name) as s:
+        running.opened.release()
         while not stop.is_set():
             try:
                 message = s.messages.get(timeout=0.1)
@@ -104,7 +115,7 @@ def test_ten_workers_run_at_most_three_tasks_at_once(store: str, tmp_path: Path)
         ]
         for t in threads:
             t.start()
-        time.sleep(0.5)  # every stream open (each worker's stream() waits for it)
+        running.streams_open(WORKERS)
         began = time.monotonic()
         for i in range(TASKS):
             tags = {"resonate:target": "poll://any@fc"}
@@ -129,7 +140,7 @@ def start_workers(server: RunningServer, running: Running, seconds: float) -> th
         threading.Thread(
             target=work, args=(server, f"w{i}", running, stop, seconds), daemon=True
         ).start()
-    time.sleep(0.5)  # every stream open
+    running.streams_open(WORKERS)
     return stop
 
 
@@ -229,7 +240,7 @@ def test_two_postgres_nodes_keep_one_limit_exactly() -> None:
         ]
         for t in threads:
             t.start()
-        time.sleep(0.5)
+        running.streams_open(len(threads))
         began = time.monotonic()
         for i in range(tasks):
             node = (n1, n2)[i % 2]

@@ -186,6 +186,35 @@ def test_a_settle_in_the_creating_millisecond_keeps_the_creators_trace(
         assert (span.trace_id, span.parent_id) == (created.trace_id, created.span_id), kind
 
 
+@pytest.mark.parametrize("store", ["memory", "sqlite"])
+def test_a_fenced_child_settled_in_its_creating_millisecond_keeps_the_fences_trace(
+    receiver: Receiver, store: str, tmp_path: Path
+) -> None:
+    """The workflow above with its child settled in the millisecond the fence created
+    it, as a fast worker does: the settle joins the fence and does not make the child
+    its own, so the read after it joins the fence too (a read joined the settle while
+    any promise a job wrote new at its instant counted as created by it)."""
+    db = str(tmp_path / "t.db") if store == "sqlite" else ":memory:"
+    settings = Settings(store=store, db=db, tracing=True, debug=True)
+    with running_server(settings) as server:
+        now = int(time.time() * 1000)  # a lease from now is not expired by the timer
+        tags = {"resonate:target": "poll://any@g"}
+        server.ok("promise.create", {"id": "wf", "timeoutAt": FAR, "tags": tags}, now=now)
+        acquire = {"id": "wf", "version": 0, "pid": "w1", "ttl": 60000}
+        version = server.ok("task.acquire", acquire, now=now + 1)["task"]["version"]
+        child = {"id": "wf.1", "timeoutAt": FAR, "tags": {"resonate:parent": "wf"}}
+        fence = {"id": "wf", "version": version, "action": action("promise.create", child)}
+        server.ok("task.fence", fence, now=now + 2)
+        settle = {"id": "wf.1", "state": "resolved", "value": {}}
+        server.ok("promise.settle", settle, now=now + 2)
+        server.ok("promise.get", {"id": "wf.1"}, now=now + 3)
+        receiver.wait("the read's span", lambda: bool(receiver.named("promise.get")))
+    fenced = one(receiver, "task.fence", "wf")
+    for kind in ("promise.settle", "promise.get"):
+        span = one(receiver, kind, "wf.1")
+        assert (span.trace_id, span.parent_id) == (fenced.trace_id, fenced.span_id), kind
+
+
 def test_tracing_off_stores_no_trace(tmp_path: Path) -> None:
     import sqlite3
 
