@@ -79,6 +79,20 @@ SLOW_FOLDERS = ("sdk", "ui", "mcp", "release", "upgrade", "faults", "cluster", "
 SLOW_MODULES = ("test_direct_post.py", "test_limits.py")
 
 
+#: What a module's source names when its tests change what the machine's other tests
+#: share: a PostgreSQL cluster of its own on a port (``pg_createcluster``), a network
+#: namespace and its veth pair, a tmpfs mount, the main cluster's xmin horizon held
+#: back (``test_bench_horizon.py`` holds it, the others read it).  On several workers
+#: (pytest-xdist, ``--dist loadgroup``) such modules run on one worker, one test after
+#: another (group ``serial``); the rest spreads over the workers.
+SERIAL_MARKS = ("pgcluster", "netns", "tmpfs")
+SERIAL_MODULES = (
+    "test_bench_horizon.py",
+    "test_horizon_metrics.py",
+    "test_postgres_dead_tuples.py",
+)
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     tiers = parser.getgroup("troth tiers")
     tiers.addoption(
@@ -106,7 +120,23 @@ def slow(item: pytest.Item, sources: dict[Path, bool]) -> bool:
     return sources[path]
 
 
+def serial(item: pytest.Item, sources: dict[Path, bool]) -> bool:
+    """Whether ``item`` runs in xdist group ``serial`` (:data:`SERIAL_MARKS`)."""
+    path = Path(item.path)
+    if path.name in SERIAL_MODULES:
+        return True
+    if path not in sources:
+        sources[path] = any(mark in path.read_text() for mark in SERIAL_MARKS)
+    return sources[path]
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist names each item after its group
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.pluginmanager.hasplugin("xdist"):
+        serials: dict[Path, bool] = {}
+        for item in items:
+            if serial(item, serials):
+                item.add_marker(pytest.mark.xdist_group("serial"))
     fast, rest = config.getoption("--fast"), config.getoption("--not-fast")
     if not fast and not rest:
         return
