@@ -355,7 +355,7 @@ def test_a_bug_before_the_engine_is_a_500_not_a_dropped_connection(
         def broken(*_: Any) -> Any:
             raise RuntimeError("bug (test)")
 
-        monkeypatch.setattr(rs.app, "admit", broken)
+        monkeypatch.setattr(rs.app.envelopes, "admit", broken)
         with socket.create_connection(("127.0.0.1", port_of(rs)), timeout=10) as sock:
             sock.sendall(post(envelope("b")))
             [(status, headers, body)] = read_responses(sock, 1)
