@@ -24,6 +24,7 @@ from troth.store.postgres.migrate import PgSchema
 from troth.store.sql.migrate import load_migrations
 from troth.store.sqlite import SqliteStore
 from troth.store.sqlite.migrate import PACKAGE as LITE
+from troth.store.upgrade import open_schema
 
 LATEST = len(load_migrations(LITE))
 EXIT_SCHEMA = 4
@@ -255,3 +256,17 @@ def test_postgres_serve_refuses_a_newer_schema_in_one_line() -> None:
         )
         assert done.returncode == EXIT_SCHEMA, done
         assert "version 99 is newer" in one_line(done.stderr)
+
+
+def test_the_migration_connection_prepares_no_statement(at_5: str) -> None:
+    """Behind a pooler in transaction mode a statement prepared on one server
+    connection is missing on the next: the migration's connection (whose version
+    checks repeat one query more often than psycopg's prepare threshold) must leave
+    none on the server."""
+    with open_schema("postgres", db="", postgres_url=at_5) as schema:
+        assert isinstance(schema, PgSchema)
+        for _ in range(10):
+            assert schema.stored_version() == 5
+            schema.live_nodes(5_000)
+        prepared = schema.conn.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()
+    assert prepared == (0,)

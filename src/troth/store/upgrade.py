@@ -66,6 +66,10 @@ def open_schema(store: str, *, db: str, postgres_url: str) -> Iterator[Schema]:
         params.setdefault("connect_timeout", 10)
         params.setdefault("application_name", "troth-migrate")
         with psycopg.connect(make_conninfo("", **params)) as conn:
+            # No server-side prepared statement: behind a pooler in transaction mode
+            # the next transaction may run on another server connection, which has
+            # never seen it ("prepared statement _pg3_0 does not exist").
+            conn.prepare_threshold = None
             try:
                 yield PgSchema(conn)
             finally:
