@@ -149,3 +149,44 @@ def test_each_group_rotates_over_its_own_workers() -> None:
                 first[group].append(registry.candidates(address)[0].id)
     assert first["a"] == ["a1", "a2"] * 3
     assert first["b"] == ["b1", "b2", "b3"] * 4
+
+
+def test_the_writer_frames_an_offer_and_answers_it_by_what_became_of_the_write() -> None:
+    """One stream from the message offered to the frame written: written, the offer
+    answers True; the peer gone first, False and nothing written; a write that broke
+    off, its error; nothing offered in time, a keep-alive."""
+
+    async def main() -> tuple[list[bytes], object, object, object]:
+        frames: list[bytes] = []
+        broken = False
+
+        async def send(message: dict[str, Any]) -> None:
+            if broken:
+                raise ConnectionResetError("peer reset")
+            frames.append(message["body"])
+
+        loop = asyncio.get_running_loop()
+        here: asyncio.Future[None] = loop.create_future()
+        closing = asyncio.Event()
+        conn = Connection("g", "id", 1)
+        written = conn.offer(b'{"kind":"execute"}')
+        await conn.pump(send, 5.0, here, closing)
+        await conn.pump(send, 0.01, here, closing)  # nothing offered: a keep-alive
+        broken = True
+        cut = conn.offer(b"m2")
+        try:
+            await conn.pump(send, 5.0, here, closing)
+        except ConnectionResetError:
+            pass
+        gone: asyncio.Future[None] = loop.create_future()
+        gone.set_result(None)
+        never = conn.offer(b"m3")
+        await conn.pump(send, 5.0, gone, closing)
+        assert written is not None and cut is not None and never is not None
+        return frames, written.result(), cut.exception(), never.result()
+
+    frames, written, cut, never = run(main)
+    assert frames == [b'data: {"kind":"execute"}\n\n', b": keepalive\n\n"]
+    assert written is True
+    assert isinstance(cut, ConnectionResetError)
+    assert never is False

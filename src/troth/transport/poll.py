@@ -16,8 +16,9 @@ import asyncio
 import itertools
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any, Final
 
 from troth.outbox import codes
 from troth.outbox.rows import OutboxRow
@@ -37,15 +38,24 @@ class Delivery:
     done: asyncio.Future[bool]
 
 
+#: An ASGI ``send``: what :meth:`Connection.pump` writes a stream's frames with.
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+KEEPALIVE: Final = b": keepalive\n\n"
+
+
 @dataclass(eq=False)
 class Connection:
-    """One open SSE stream.
+    """One open SSE stream, from the message offered to the frame written: the
+    :class:`PollSender` offers a row's message (:meth:`offer`), and the stream's
+    writer (:meth:`pump`, run by ``server/http/sse.py`` for the stream's request)
+    writes it and answers the offer.
 
-    Its writer (``App.pump``) waits for the next message on one future that
-    :meth:`offer`, the peer's disconnect and the node's shutdown resolve
-    (:meth:`wake`), with one timer for the keep-alive: measured, a task per
-    message plus ``asyncio.wait`` on three awaitables cost ~9 µs of the event
-    loop per message more (docs/performance-notes.md, "The SSE writer")."""
+    The writer waits for the next message on one future that :meth:`offer`, the
+    peer's disconnect and the node's shutdown resolve (:meth:`wake`), with one timer
+    for the keep-alive: measured, a task per message plus ``asyncio.wait`` on three
+    awaitables cost ~9 µs of the event loop per message more
+    (docs/performance-notes.md, "The SSE writer")."""
 
     group: str
     id: str
@@ -87,6 +97,34 @@ class Connection:
                 timer.cancel()
                 self.waiter = None
         return self.queue.popleft() if self.queue else None
+
+    async def pump(
+        self, send: Send, keepalive: float, gone: asyncio.Future[None], closing: asyncio.Event
+    ) -> None:
+        """Write the next message, or a keep-alive when none came in ``keepalive``
+        seconds, unless the peer is ``gone`` or the node is ``closing``.  The offer is
+        answered True once its frame was written, False when it never left, and with
+        the error when the write broke off (the sender cannot know what arrived)."""
+        delivery = await self.next(keepalive)
+        if delivery is None:
+            if not gone.done() and not closing.is_set():
+                await send({"type": "http.response.body", "body": KEEPALIVE, "more_body": True})
+            return
+        if gone.done():
+            delivery.done.set_result(False)  # peer gone before the write: never left
+            return
+        try:
+            await send(
+                {
+                    "type": "http.response.body",
+                    "body": b"data: " + delivery.payload + b"\n\n",
+                    "more_body": True,
+                }
+            )
+        except BaseException as exc:
+            delivery.done.set_exception(exc)
+            raise
+        delivery.done.set_result(True)
 
     def close(self) -> None:
         """Fail what is still queued: it never left, so it is retryable."""

@@ -28,11 +28,10 @@ HTTP/1.0, ``Expect: 100-continue``, anything malformed — hands that connection
 httptools for good, from that request on (never in the middle of one), so whatever
 is unusual is parsed and answered exactly as before.  Pipelined requests wait until
 the answer before them is written, as uvicorn's pipeline does.  A simple request
-has no task or coroutine of its own: ``Envelopes.answer_soon`` returns its answer when
-nothing waits (a refusal, a SQLite point read), which
-:meth:`DirectHttpToolsProtocol.answer_now` writes there and then, without a cycle
-or a send made for it; otherwise it calls :func:`answer_simple` back when the
-request's batch committed.
+has no task, coroutine, cycle or send of its own: ``Envelopes.answer_soon`` returns
+its answer when nothing waits (a refusal, a SQLite point read), or calls back when
+the request's batch committed, and :meth:`DirectHttpToolsProtocol.reply` — the one
+writer of a simple request's answer — writes it.
 
 Everything else — other paths and methods, a CORS-enabled server (its headers are
 added by a wrapper of ``send``), a request refused for uvicorn's concurrency limit —
@@ -44,7 +43,6 @@ takes uvicorn's ASGI path.  If a uvicorn upgrade removes the hook used here
 from __future__ import annotations
 
 import asyncio
-import functools
 import http
 import logging
 import re
@@ -172,8 +170,7 @@ class JsonHeads:
 
 
 class _Cycle(Protocol):
-    """What :class:`DirectSend` uses of a request: uvicorn's ``RequestResponseCycle``
-    or a :class:`SimpleCycle`."""
+    """What :class:`DirectSend` uses of uvicorn's ``RequestResponseCycle``."""
 
     transport: asyncio.Transport
     flow: Any
@@ -185,47 +182,6 @@ class _Cycle(Protocol):
     waiting_for_100_continue: bool
     message_event: Any
     on_response: Any
-
-
-class _NoEvent:
-    __slots__ = ()
-
-    def set(self) -> None:
-        """Nothing waits for a simple request's body: it was read whole."""
-
-
-#: Shared by every simple request (it holds nothing).
-NO_EVENT = _NoEvent()
-
-
-class SimpleCycle:
-    """The state of one simple request (what uvicorn's cycle holds, without its ASGI
-    scope, events and receive channel)."""
-
-    __slots__ = (
-        "default_headers",
-        "disconnected",
-        "flow",
-        "keep_alive",
-        "message_event",
-        "on_response",
-        "response_complete",
-        "response_started",
-        "transport",
-        "waiting_for_100_continue",
-    )
-
-    def __init__(self, protocol: DirectHttpToolsProtocol, keep_alive: bool) -> None:
-        self.transport = protocol.transport
-        self.flow = protocol.flow
-        self.default_headers = protocol.server_state.default_headers
-        self.keep_alive = keep_alive
-        self.disconnected = False
-        self.response_started = False
-        self.response_complete = False
-        self.waiting_for_100_continue = False
-        self.message_event = NO_EVENT
-        self.on_response = protocol.simple_answered
 
 
 class DirectSend:
@@ -314,44 +270,6 @@ def failed(cycle: _Cycle, send: DirectSend, exc: BaseException) -> None:
         cycle.transport.close()
 
 
-def answer_simple(app: App, cycle: SimpleCycle, started: float, answer: Answer) -> None:
-    """Write a simple request's answer (``Envelopes.answer_soon`` calls it, at once or when
-    its batch committed), then count and log it."""
-    send = DirectSend(cycle)
-    try:
-        kind, corr, status, data, _ = answer
-        body = encode_response(kind, corr, status, data)
-        send.status = status
-        send.headers = json_headers(body, status)
-        send.started = True
-        if cycle.flow.write_paused and not cycle.disconnected:
-            # The peer does not read: wait for the buffer to drain, as DirectSend.write.
-            task = asyncio.ensure_future(send.write(body))
-            task.add_done_callback(functools.partial(_written, app, cycle, send, answer, started))
-            return
-        send.now(body)
-        app.answered(answer, started)
-    except Exception as exc:
-        failed(cycle, send, exc)
-
-
-def _written(
-    app: App,
-    cycle: SimpleCycle,
-    send: DirectSend,
-    answer: Answer,
-    started: float,
-    task: asyncio.Future[None],
-) -> None:
-    if task.cancelled():
-        return
-    exc = task.exception()
-    if exc is not None:
-        failed(cycle, send, exc)
-        return
-    app.answered(answer, started)
-
-
 class DirectHttpToolsProtocol(GuardedHttpToolsProtocol):
     """The guarded httptools protocol that answers ``POST /`` directly."""
 
@@ -362,7 +280,7 @@ class DirectHttpToolsProtocol(GuardedHttpToolsProtocol):
     #: invalidates the interpreter's attribute cache of the class,
     #: and every later lookup on every connection would miss it.
     counts: ClassVar[dict[str, int]]
-    #: The heads of answers written at once (:meth:`answer_now`), shared by every
+    #: The heads of simple requests' answers (:meth:`reply`), shared by every
     #: connection of the server.
     json_heads: ClassVar[JsonHeads]
 
@@ -372,9 +290,14 @@ class DirectHttpToolsProtocol(GuardedHttpToolsProtocol):
         #: Whether this connection's requests are still read by :func:`simple_request`.
         self.simple = troth is not None and troth.cors is None and self.limit_concurrency is None
         self.max_body = 0 if troth is None else troth.settings.max_body
-        #: The simple request being answered, and bytes that came after it.
-        self.answering: SimpleCycle | None = None
+        #: Whether a simple request is being answered (its batch, or a peer that does
+        #: not read, keeps it waiting), whether its connection stays open after it, and
+        #: bytes that came after it.
+        self.answering = False
+        self.keep_alive = True
         self.held = b""
+        #: A simple answer waiting for the peer to read what was written before.
+        self.draining: asyncio.Future[None] | None = None
         #: Whether :meth:`take` is on the stack (an answer written at once).
         self.taking = False
         #: When the simple request being answered was read whole.
@@ -387,7 +310,7 @@ class DirectHttpToolsProtocol(GuardedHttpToolsProtocol):
             super().data_received(data)
             return
         self._unset_keepalive_if_required()
-        if self.answering is not None:  # pipelined: it waits for the answer before it
+        if self.answering:  # pipelined: it waits for the answer before it
             self.held += data
             if len(self.held) > _HELD_MAX:
                 self.flow.pause_reading()
@@ -414,65 +337,85 @@ class DirectHttpToolsProtocol(GuardedHttpToolsProtocol):
                 self._phase = IDLE  # the request is read whole: no header or body deadline
                 self.counts["direct"] += 1
                 self.counts["simple"] += 1
-                started = self.started = time.perf_counter()
+                self.started = time.perf_counter()
+                self.keep_alive = keep_alive
                 try:
-                    answer = troth.envelopes.answer_soon(body, headers, self.answer_later)
+                    answer = troth.envelopes.answer_soon(body, headers, self.reply)
                 except Exception as exc:  # a bug before the engine: 500, as a task had
-                    cycle = self.answering = SimpleCycle(self, keep_alive)
-                    failed(cycle, DirectSend(cycle), exc)
+                    self.broke(exc)
                 else:
-                    if answer is None:  # its batch answers (answer_later)
-                        self.answering = SimpleCycle(self, keep_alive)
+                    if answer is None:  # its batch answers (reply, called back)
+                        self.answering = True
                     else:
-                        self.answer_now(troth, answer, keep_alive, started)
+                        self.reply(answer)
                 # Answered at once (a point read, a refusal): the next pipelined request
                 # is read here, not by simple_answered (no recursion per request).
-                if self.answering is not None or not self.held or self.transport.is_closing():
+                if self.answering or not self.held or self.transport.is_closing():
                     return
                 data, self.held = self.held, b""
                 self._unset_keepalive_if_required()
         finally:
             self.taking = False
 
-    def answer_now(self, troth: App, answer: Answer, keep_alive: bool, started: float) -> None:
-        """Write an answer that was ready at once (a point read, a refusal): what
-        :func:`answer_simple`, :meth:`DirectSend.now` and :meth:`simple_answered`
-        do, without a cycle and a send made for it.  A peer that does not read, or an
-        answer that does not encode, takes :func:`answer_simple` (which waits for the
-        buffer to drain, or answers 500)."""
+    def reply(self, answer: Answer) -> None:
+        """The one writer of a simple request's answer: called at once by :meth:`take`
+        (a point read, a refusal) or back by ``Envelopes.answer_soon`` when the
+        request's batch committed.  One ``transport.write`` of the head (made once per
+        status, :class:`JsonHeads`) and the body, the answer counted and logged, then
+        the next pipelined request.  A peer that does not read gets it once the write
+        buffer drains; an answer that does not encode gets a 500 (:meth:`broke`)."""
         kind, corr, status, data, _ = answer
         try:
-            body = None if self.flow.write_paused else encode_response(kind, corr, status, data)
-        except Exception:
-            body = None  # answer_simple meets the same error, and answers 500
-        if body is None:
-            cycle = self.answering = SimpleCycle(self, keep_alive)
-            answer_simple(troth, cycle, started, answer)
+            body = encode_response(kind, corr, status, data)
+        except Exception as exc:
+            self.broke(exc)
             return
-        defaults = self.server_state.default_headers
-        if keep_alive:
-            self.transport.write(self.json_heads.answer(status, defaults, body))
-        else:
+        transport = self.transport
+        if not transport.is_closing():  # else the peer went: nothing to write to
+            if self.flow.write_paused:
+                self.answering = True
+                self.draining = asyncio.ensure_future(self._drained(answer))
+                return
+            defaults = self.server_state.default_headers
+            if self.keep_alive:
+                transport.write(self.json_heads.answer(status, defaults, body))
+            else:
+                transport.write(response(status, defaults, json_headers(body, status), False, body))
+                transport.close()
+        try:
+            self.troth.answered(answer, self.started)  # type: ignore[union-attr]
+        except Exception:  # written already: logged and left
+            log.exception("counting an answer failed")
+        self.simple_answered()
+
+    async def _drained(self, answer: Answer) -> None:
+        """:meth:`reply` again once the peer has read enough of what was written."""
+        try:
+            await self.flow.drain()
+        finally:
+            self.draining = None
+        self.reply(answer)
+
+    def broke(self, exc: Exception) -> None:
+        """Serving a simple request raised where ``Envelopes.answer_soon`` answers every
+        error itself: a bug.  Answered as uvicorn would (500, close)."""
+        log.error("POST / failed outside the envelope path", exc_info=exc)
+        if not self.transport.is_closing():
+            body = b"Internal Server Error"
+            headers = [
+                (b"content-type", b"text/plain; charset=utf-8"),
+                (b"content-length", b"%d" % len(body)),
+            ]
             self.transport.write(
-                response(status, defaults, json_headers(body, status), False, body)
+                response(500, self.server_state.default_headers, headers, False, body)
             )
             self.transport.close()
-        self._kept()
-        try:
-            troth.answered(answer, started)
-        except Exception:  # written already: as answer_simple, logged and left
-            log.exception("counting an answer failed")
-
-    def answer_later(self, answer: Answer) -> None:
-        """The answer of the simple request being answered, once its batch committed."""
-        troth, cycle = type(self).troth, self.answering
-        assert troth is not None and cycle is not None  # answering: set when deferred
-        answer_simple(troth, cycle, self.started, answer)
+        self.simple_answered()
 
     def simple_answered(self) -> None:
         """The answer is written: as uvicorn after a response, then the next
         pipelined request, if one came."""
-        self.answering = None
+        self.answering = False
         self._kept()
         if self.taking:
             return  # take goes on with what is held
@@ -495,14 +438,9 @@ class DirectHttpToolsProtocol(GuardedHttpToolsProtocol):
         self._phase = KEPT
         self._since = self.loop.time()
 
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self.answering is not None:
-            self.answering.disconnected = True
-        super().connection_lost(exc)
-
     def shutdown(self) -> None:
-        if self.answering is not None:  # close once its answer is written
-            self.answering.keep_alive = False
+        if self.answering:  # close once its answer is written
+            self.keep_alive = False
             return
         super().shutdown()
 

@@ -21,15 +21,16 @@ from troth.server.delivery.loop import DeliveryLoop
 from troth.server.http.asgi import Receive, Send, send_bytes
 from troth.server.logs import Throttled
 from troth.store.outbox import REVIVE_WINDOW
-from troth.transport.poll import Connection, Full, Registry
+from troth.transport.poll import Full, Registry
 
 log = logging.getLogger("troth.server")
 _json = msgspec.json.Encoder()
 
 
 class PollStreams:
-    """Serves the SSE streams of one node's workers (``transport/poll.py`` holds
-    them; :class:`~troth.transport.poll.PollSender` writes to them)."""
+    """Opens, runs and ends the SSE streams of one node's workers; each stream, from
+    the message offered to the frame written, is a
+    :class:`~troth.transport.poll.Connection`."""
 
     def __init__(
         self,
@@ -109,37 +110,13 @@ class PollStreams:
                 {"type": "http.response.body", "body": b": connected\n\n", "more_body": True}
             )
             while not gone.is_set() and not self.closing.is_set():
-                await self.pump(conn, send, watcher)
+                await conn.pump(send, self.keepalive, watcher, self.closing)
         finally:
             self.registry.disconnect(conn)
             watcher.cancel()
             closing.cancel()
         if not gone.is_set():
             await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-    async def pump(self, conn: Connection, send: Send, watcher: asyncio.Task[None]) -> None:
-        """Write the next message, or a keep-alive when none came in time."""
-        delivery = await conn.next(self.keepalive)
-        if delivery is None:
-            if not watcher.done() and not self.closing.is_set():
-                keepalive = b": keepalive\n\n"
-                await send({"type": "http.response.body", "body": keepalive, "more_body": True})
-            return
-        if watcher.done():
-            delivery.done.set_result(False)  # peer gone before the write: never left
-            return
-        try:
-            await send(
-                {
-                    "type": "http.response.body",
-                    "body": b"data: " + delivery.payload + b"\n\n",
-                    "more_body": True,
-                }
-            )
-        except BaseException as exc:
-            delivery.done.set_exception(exc)
-            raise
-        delivery.done.set_result(True)
 
     async def revive(self, group: str, id: str) -> None:
         """A worker connected to a node of its own (SQLite, memory): what could not be

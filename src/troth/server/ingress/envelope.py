@@ -1,6 +1,7 @@
-"""The one envelope handler shared by every ingress (HTTP ``POST /``, its httptools
-path, NATS): decode, auth, limits, then the engine's group commit, the bounce
-tracker (``task.release``) or the debug surface — and what follows the answer.
+"""The one envelope handler shared by every ingress (HTTP ``POST /`` simple, parsed
+by httptools or through ASGI; NATS): decode, auth, limits, then the engine's group
+commit, the bounce tracker (``task.release``) or the debug surface — and what follows
+the answer.  One pipeline (:meth:`Envelopes.answer_soon`); the ingresses are adapters.
 
 Shared so that the ingresses cannot drift apart: a check added here holds for HTTP
 and NATS alike.
@@ -108,6 +109,12 @@ _REPORTS = frozenset(get_args(_WorkerReport))
 _GRANTS = frozenset((rq.TaskAcquire, rq.TaskCreate))
 
 
+def _settle(fut: asyncio.Future[Answer], answer: Answer) -> None:
+    """Hand an answer to the coroutine awaiting it (gone, if its client went)."""
+    if not fut.done():
+        fut.set_result(answer)
+
+
 class Envelopes:
     """Serves request envelopes for one :class:`Engine`, whichever way they came."""
 
@@ -136,30 +143,21 @@ class Envelopes:
         #: nothing else holds could be collected before it ends).
         self._tasks: set[asyncio.Future[Response]] = set()
 
-    async def envelope(self, body: bytes, headers: Iterable[tuple[bytes, bytes]]) -> Answer:
-        """One request envelope: decode, auth, limits, the engine (group commit) or the
-        debug surface.  Returns what to answer, ``(kind, corrId, status, data,
-        admitted)``; it never raises.
-
-        :meth:`answer_soon` is the same three steps without a coroutine.  ``headers``
-        are the transport's (HTTP: the ``Authorization: Bearer`` fallback of auth);
-        ``head.auth`` is read first."""
-        admitted = self.admit(body, headers)
-        if not isinstance(admitted, Admitted):
-            return admitted
-        try:
-            return self.conclude(admitted, await self.dispatch(admitted))
-        except Exception as exc:
-            return self.failed(admitted, exc)
-
     def answer_soon(
         self, body: bytes, headers: Iterable[tuple[bytes, bytes]], done: Callable[[Answer], None]
     ) -> Answer | None:
-        """:meth:`envelope` for a caller that takes the answer by callback (a simple
-        ``POST /``, ``server/http/direct.py``; NATS): the answer itself where nothing waits
-        (a refusal, a point read), and ``done`` is not called; else None, and ``done``
-        is called when the request's batch is committed — no task and no coroutine per
-        request."""
+        """One request envelope, whichever way it came: decode, auth, limits (:meth:`admit`),
+        then the engine's group commit, the bounce tracker (``task.release``) or the debug
+        surface, then what follows the answer (:meth:`conclude`).  It never raises.
+
+        Returns the answer, ``(kind, corrId, status, data, admitted)``, where nothing
+        waits (a refusal, a point read), and ``done`` is not called; else None, and
+        ``done`` is called with the answer when the request's batch committed — no task
+        and no coroutine per request.  ``headers`` are the transport's (HTTP: the
+        ``Authorization: Bearer`` fallback of auth); ``head.auth`` is read first.
+        Every ingress is an adapter of this: a simple ``POST /``
+        (``server/http/direct.py``), NATS (:meth:`nats_answer`), and ASGI
+        (:meth:`envelope`)."""
         admitted = self.admit(body, headers)
         if not isinstance(admitted, Admitted):
             return admitted
@@ -178,6 +176,12 @@ class Envelopes:
             return self.conclude(admitted, response)
         except Exception as exc:
             return self.failed(admitted, exc)
+
+    async def envelope(self, body: bytes, headers: Iterable[tuple[bytes, bytes]]) -> Answer:
+        """:meth:`answer_soon` for a caller that awaits the answer (ASGI's ``POST /``)."""
+        fut: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
+        answer = self.answer_soon(body, headers, functools.partial(_settle, fut))
+        return answer if answer is not None else await fut
 
     def nats_answer(self, body: bytes, done: Callable[[Answer], None]) -> Answer | None:
         """A request from NATS: :meth:`answer_soon` with no transport headers (a NATS
@@ -245,14 +249,12 @@ class Envelopes:
         return admitted
 
     async def dispatch(self, admitted: Admitted) -> Response:
-        """The admitted request served: by the debug surface, the bounce tracker
-        (``task.release``) or the engine."""
+        """An admitted request the engine's group commit does not serve alone: a
+        ``debug.*`` one (the debug surface) or ``task.release`` (the bounce tracker)."""
         kind, req = admitted.kind, admitted.req
-        if kind.startswith("debug."):
-            return await debug(self.engine, self.bounces, kind, req, admitted.debug_time)
         if isinstance(req, rq.TaskRelease):
             return await self.release(req, admitted.now, admitted.head)
-        return await self.engine.request(req, admitted.now, admitted.head, admitted.traced)
+        return await debug(self.engine, self.bounces, kind, req, admitted.debug_time)
 
     def conclude(self, admitted: Admitted, response: Response) -> Answer:
         """What follows the engine's response: a worker's report remembered, a grant

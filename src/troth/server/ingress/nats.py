@@ -45,7 +45,7 @@ CONCURRENCY = 1024
 #: Seconds shutdown waits for requests in flight to be answered.
 DRAIN_SECONDS = 10.0
 
-#: ``Envelopes.envelope``'s answer: ``(kind, corrId, status, data, admitted)``.
+#: ``Envelopes.answer_soon``'s answer: ``(kind, corrId, status, data, admitted)``.
 Answer = tuple[str, str, int, object, Any]
 
 
