@@ -73,9 +73,18 @@ SLOW_MARKS = (
     "install",
 )
 #: Folders whose every test drives such things.
-SLOW_FOLDERS = ("sdk", "ui", "mcp", "release", "upgrade", "faults", "cluster", "messaging")
-#: Modules that wait out real socket deadlines and keep-alives (seconds each), and
-#: the bench's own tests.
+SLOW_FOLDERS = (
+    "sdk",
+    "ui",
+    "mcp",
+    "release",
+    "upgrade",
+    "faults",
+    "cluster",
+    "messaging",
+    "bench",
+)
+#: Modules that wait out real socket deadlines and keep-alives (seconds each).
 SLOW_MODULES = ("test_direct_post.py", "test_limits.py")
 
 

@@ -1,6 +1,6 @@
 """``troth cancel`` and ``troth outbox retry`` against a real server (memory, SQLite,
 PostgreSQL): what they print for people and with ``--json``, and their exit codes.
-What the actions do is tested in tests/server/test_cancel.py and
+What the actions do is tested in tests/operator/test_cancel.py and
 test_outbox_retry.py; here, the command in front of them."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Counts in what the commands print agree with their nouns: ``1 promise``,
 ``2 promises`` — in ``troth tree`` against a real server (the bench's lines:
-tests/server/test_bench.py)."""
+tests/bench/test_bench.py)."""
 
 from __future__ import annotations
 
