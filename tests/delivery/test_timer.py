@@ -150,3 +150,28 @@ def test_a_deadline_committed_while_the_timer_reads_is_not_lost() -> None:
             wait_for(lambda: stored_state(server, "p") == "rejected_timedout", 10)
             lag = wall_ms() - deadline
             assert lag < 1500, f"fired {lag} ms late: the deadline was not noted"
+
+
+def test_a_pass_paused_while_it_read_the_deadline_fires_nothing(clocked: RunningServer) -> None:
+    """``debug.start`` pauses the timer: a pass that was reading the next deadline
+    when it came must not fire what was created since by the wall clock (a script on
+    debug time, its promise due at 21000 ms after the epoch, would time out at once)."""
+    engine = clocked.app.engine
+    store = engine.store
+    read = store.next_deadline
+    reads: list[object] = []
+
+    def pausing(*args: object) -> object:
+        engine.pause()  # as debug.start while the pass reads
+        found = read(*args)  # type: ignore[arg-type]
+        reads.append(found)
+        return found
+
+    store.next_deadline = pausing  # type: ignore[method-assign]
+    tags = {"resonate:external": "true"}
+    clocked.ok("promise.create", {"id": "c", "timeoutAt": 21_000, "tags": tags}, now=1_000)
+    wait_for(lambda: 21_000 in reads, 5)  # the pass read the promise's deadline
+    wait_for(lambda: engine._target == float("inf"), 5)  # and went back to its wait
+    assert stored_state(clocked, "c") == "pending"
+    clocked.ok("debug.tick", {"time": 21_000}, now=21_000)  # debug time still fires it
+    assert stored_state(clocked, "c") == "rejected_timedout"

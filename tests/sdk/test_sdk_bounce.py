@@ -127,6 +127,13 @@ def bounce_then_run(
     _, stored = live.call("task.get", {"id": task})
     assert stored["task"]["state"] == "pending"  # nothing lost: still there to run
 
+    # Killed right after a bounce: the hold ahead of its execute is then the longest
+    # yet (over 10 s by now), so the new worker connects well before the row would
+    # come due by itself, however slowly it starts on a loaded machine.
+    bounced = metric(live, "troth_task_bounces_total")
+    procs.wait_for(
+        "the next bounce", lambda: metric(live, "troth_task_bounces_total") > bounced, 30
+    )
     worker.kill()
     leases_before = len(grants(live, task))
     runner = procs.start("having", having)

@@ -94,6 +94,11 @@ class Timer(EngineBase):
                 else:
                     deadline = await self.exclusive(self.store.next_deadline)
                 now = self.clock()
+                if self.paused:
+                    # Paused while the deadline was read (debug.start): what was
+                    # created since must not be fired by the wall clock.
+                    self._reading = False
+                    continue
                 if deadline is not None and deadline <= now:
                     # Late by the wall clock, not counting a step of it (clock_watch).
                     self.stats.lag_ms = max(now - max(deadline, self.clock_watch.stepped_at), 0)
