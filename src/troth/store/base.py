@@ -233,6 +233,12 @@ class Store(ABC):
         writer's connection where there is one writer (callers run it between
         batches), on a session of its own on PostgreSQL (row locks, skip-locked)."""
 
+    def retain_open(self, fn: Callable[[Retention], T]) -> T:
+        """Run ``fn`` in the write transaction the caller holds open (a request batch's,
+        under a savepoint: ``Engine.exclusive``'s ``inside``), committed with it; only
+        a store with :attr:`loop_batches` is asked."""
+        raise NotImplementedError
+
     def refused(self, exc: BaseException) -> StoreFault | None:
         """``exc`` as a :class:`~troth.store.faults.StoreFault` when it says the store
         refuses writes for a reason of its own (full, read-only, out of reach), else

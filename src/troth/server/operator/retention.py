@@ -2,9 +2,14 @@
 background, a small batch at a time (docs/operations.md, "Retention"; the rules are
 store/retention.py's).
 
-Each batch runs between request batches (on the writer thread, for one writer) or on
-a session of its own (PostgreSQL, where it never waits for a request's rows); a pass
-over every candidate root ends in a pause of ``retention_interval`` seconds.
+Each batch runs on the connection of the one writer (SQLite, memory) or on a session
+of its own (PostgreSQL, where it never waits for a request's rows); a pass over
+every candidate root ends in a pause of ``retention_interval`` seconds.  On SQLite a
+batch rides in the transaction of the request batch that runs next when requests
+wait (after their jobs, under a savepoint: ``Engine.exclusive``'s ``inside``), and
+runs alone between batches when none do: riding, it shares their COMMIT, whose WAL
+writes, fsync and checkpoints run on the writer thread rather than on the event
+loop, where a batch alone commits.
 
 Catching up is background work.  While requests are being served, a batch is sized
 to hold the writer about :data:`TARGET` seconds and is followed by a pause long
@@ -35,7 +40,7 @@ from typing import Final
 from troth.engine import Engine
 from troth.plural import counted
 from troth.server.metrics import Metrics
-from troth.store.retention import START, Swept, Tree
+from troth.store.retention import START, Retention, Swept, Tree
 from troth.waiting import cancel_and_wait
 
 log = logging.getLogger("troth.retention")
@@ -131,17 +136,27 @@ class RetentionLoop:
 
         roots = self.roots
 
+        def sweep(r: Retention) -> Swept:
+            return r.sweep(cutoff, cursor, roots, archive)
+
         def batch() -> Swept:
             began = time.perf_counter()
             try:
-                return store.retain(lambda r: r.sweep(cutoff, cursor, roots, archive))
+                return store.retain(sweep)
+            finally:
+                self.held = time.perf_counter() - began
+
+        def inside() -> Swept:
+            began = time.perf_counter()
+            try:
+                return store.retain_open(sweep)
             finally:
                 self.held = time.perf_counter() - began
 
         if store.shared:
             swept = await asyncio.to_thread(batch)  # its own session, skip-locked
-        else:  # between request batches; on the event loop where they run there
-            swept = await self.engine.exclusive(batch, here=True)
+        else:  # between request batches, or in one; on the event loop where they run
+            swept = await self.engine.exclusive(batch, here=True, inside=inside)
         self.cursor = swept.cursor if swept.cursor is not None else START
         self.behind_ms = swept.behind_ms if swept.trees else 0
         self.last_run = time.time()

@@ -364,6 +364,12 @@ class SqliteStore(Store):
                 if relax:
                     self.conn.execute("PRAGMA synchronous = FULL")
 
+    def retain_open(self, fn: Callable[[Retention], T]) -> T:
+        """A retention batch in the request batch the event loop holds open: it commits
+        with that batch, sharing its COMMIT (the WAL writes and fsync, on the writer
+        thread) rather than making one of its own on the event loop."""
+        return fn(SqlRetention(self.conn.cursor(), CODEC, "?"))
+
     def reclaim(self, pages: int) -> int:
         """Give up to ``pages`` free pages back to the file system (a file created
         with ``auto_vacuum = INCREMENTAL``; an older file reuses its free pages for
