@@ -259,9 +259,16 @@ class Store(ABC):
         """Writes succeed again after a fault (on the writer, between batches): a
         SQLite file gives back the WAL that grew while its disk was full."""
 
-    def reclaim(self, pages: int) -> int:
-        """Give up to ``pages`` free pages back to the file system; free pages left.
-        Only a SQLite file has pages to give back (retention calls it after a pass)."""
+    def reclaim(self, pages: int, spare: float = 0.0) -> int:
+        """Give up to ``pages`` free pages back to the file system, keeping ``spare`` of
+        the file's pages free for the rows to come; the free pages left beyond those
+        (0: nothing more to give).  Only a SQLite file has pages to give back
+        (retention calls it after a pass)."""
+        return 0
+
+    def reclaim_open(self, pages: int, spare: float = 0.0) -> int:
+        """:meth:`reclaim` in the write transaction the caller holds open (as
+        :meth:`retain_open`)."""
         return 0
 
     def close(self) -> None:  # noqa: B027 - optional hook
