@@ -2,12 +2,16 @@
 
 The loop runs a batch itself, up to its COMMIT, and lends the connection to the
 writer thread only for the steps that wait: the COMMIT (its fsync), exclusive work
-(snapshots, the outbox lifecycle, retention), a batch whose BEGIN would wait on
-another process's lock.  So the loop never waits for the disk, and a request read
-in the same pass of the loop as others shares their batch without a hop between
-threads.  A batch alone may commit here too (``lone_commit = loop``,
+(snapshots, the outbox lifecycle), a batch whose BEGIN would wait on another
+process's lock.  So the loop never waits for the disk, and a request read in the
+same pass of the loop as others shares their batch without a hop between threads.
+A batch alone may commit here too (``lone_commit = loop``,
 :meth:`LoopBatches._commit`).  The connection comes back through
 :meth:`LoopBatches._returned`, which starts the next batch at once.
+
+Exclusive work ``here`` (a retention batch) runs on the loop: alone between
+batches, or, when it has an ``inside`` and requests wait, riding in their batch
+(:meth:`LoopBatches._ride`) so that it shares their COMMIT.
 """
 
 from __future__ import annotations
@@ -43,9 +47,11 @@ class LoopBatches(EngineBase):
             self._submit(work)
 
     def _kick(self) -> None:
-        """Run what waits: exclusive work is lent to the writer thread; a batch runs
-        here up to its COMMIT, which is lent to the writer thread.  Either way the
-        connection comes back through :meth:`_returned`."""
+        """Run what waits: exclusive work is lent to the writer thread (or run here);
+        a batch runs here up to its COMMIT, which is lent to the writer thread, with
+        at most one piece of exclusive work that may ride in it (``inside``) run
+        after its jobs.  Either way the connection comes back through
+        :meth:`_returned`."""
         self._kicked = False
         pending = self._pending
         if self._lent or not pending:
