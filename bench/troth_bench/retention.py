@@ -36,6 +36,7 @@ from troth.durations import parse_duration
 from troth.plural import counted
 from troth_bench import pg
 from troth_bench.http import HttpConnection
+from troth_bench.measure import proc_cpu
 from troth_bench.procs import ServerProcess
 
 _encode = msgspec.json.encode
@@ -109,13 +110,17 @@ async def client(
 @dataclass
 class Window:
     """One window of a backlog run: its phase, workflows per second, request latency
-    (p99 and max, ms) and how far behind retention said it was at its end (s)."""
+    (p99 and max, ms), how far behind retention said it was at its end (s), and the
+    server's CPU per workflow (ms, every thread; None where /proc is not).  On a
+    machine whose other work takes a varying share of the CPU, the rate drifts with
+    it; CPU per workflow says what the server itself spent."""
 
     phase: str
     rate: float
     p99: float
     max: float
     behind: float | None
+    cpu_ms: float | None = None
 
 
 @dataclass
@@ -128,10 +133,15 @@ class Windows:
     def request(self, seconds: float) -> None:
         self.latencies.append(seconds)
 
-    def close(self, phase: str, seconds: float, behind: float | None) -> Window:
+    def close(
+        self, phase: str, seconds: float, behind: float | None, cpu: float | None = None
+    ) -> Window:
+        """The window's figures; ``cpu``: the server's CPU seconds during it."""
         ordered = sorted(self.latencies) or [0.0]
         p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
         w = Window(phase, self.workflows / seconds, p99 * 1000, ordered[-1] * 1000, behind)
+        if cpu is not None and self.workflows:
+            w.cpu_ms = cpu * 1000 / self.workflows
         self.workflows, self.latencies = 0, []
         return w
 
@@ -164,14 +174,15 @@ async def backlog_phase(
             asyncio.create_task(client(server.port, f"{phase}{k}-", stop, run, current))
             for k in range(clients)
         ]
-        mark = began
+        mark, spent = began, proc_cpu(server.pid)
         while time.monotonic() + window <= stop + 0.5:
             await asyncio.sleep(mark + window - time.monotonic())
-            now = time.monotonic()
+            now, cpu = time.monotonic(), proc_cpu(server.pid)
             behind = await behind_seconds(server.port)
-            out.append(current.close(phase, now - mark, behind))
+            used = cpu - spent if cpu is not None and spent is not None else None
+            out.append(current.close(phase, now - mark, behind, used))
             print(_window_line(len(out), out[-1]), flush=True)
-            mark = now
+            mark, spent = now, cpu
         await asyncio.gather(*load)
     finally:
         server.kill()
@@ -180,7 +191,9 @@ async def backlog_phase(
 
 def _window_line(n: int, w: Window) -> str:
     behind = "-" if w.behind is None else f"{w.behind:.0f}"
-    return f"{n:3} {w.phase:18} {w.rate:9,.0f} {w.p99:8.1f} {w.max:8.1f} {behind:>8}"
+    cpu = "-" if w.cpu_ms is None else f"{w.cpu_ms:.2f}"
+    line = f"{n:3} {w.phase:18} {w.rate:9,.0f} {w.p99:8.1f} {w.max:8.1f} {behind:>8}"
+    return f"{line} {cpu:>8}"
 
 
 async def backlog(args: argparse.Namespace) -> int:
@@ -195,7 +208,8 @@ async def backlog(args: argparse.Namespace) -> int:
         db = work / "backlog.db"
         extra = ["--retention", args.horizon, "--retention-interval", "1"]
         print(f"steady load: {counted(args.clients, 'client')}, workflows of 4 promises")
-        print(f"{'#':>3} {'phase':18} {'wf/s':>9} {'p99 ms':>8} {'max ms':>8} {'behind s':>8}")
+        head = f"{'#':>3} {'phase':18} {'wf/s':>9} {'p99 ms':>8} {'max ms':>8} {'behind s':>8}"
+        print(f"{head} {'cpu ms/wf':>9}")
         plain = ServerProcess.troth(work / "a", db, synchronous="full")
         without = await backlog_phase(
             plain, "without retention", args.backlog, args.clients, window
@@ -212,6 +226,23 @@ async def backlog(args: argparse.Namespace) -> int:
         f" median without ({median:,.0f}); p99 {max(w.p99 for w in with_):.1f} ms ="
         f" {max(w.p99 for w in with_) / p99:.2f}x ({p99:.1f})"
     )
+    cpus = sorted(w.cpu_ms for w in without[1:] or without if w.cpu_ms is not None)
+    if cpus and all(w.cpu_ms is not None for w in with_):
+        cpu = cpus[len(cpus) // 2]
+        most = max(w.cpu_ms or 0.0 for w in with_)
+        print(
+            f"server CPU per workflow: median without {cpu:.2f} ms; with retention at most"
+            f" {most:.2f} ms = {most / cpu:.2f}x"
+        )
+    caught = next((k for k, w in enumerate(with_) if w.behind is not None and w.behind <= 2), None)
+    if caught is not None and caught < len(with_) - 1:
+        after = with_[caught + 1 :]  # windows wholly after retention caught up
+        rates = sorted(w.rate for w in after)
+        line = f"caught up: median {rates[len(rates) // 2] / median:.2f}x the rate without"
+        spent = sorted(w.cpu_ms for w in after if w.cpu_ms is not None)
+        if cpus and spent:
+            line += f", CPU per workflow {spent[len(spent) // 2] / cpus[len(cpus) // 2]:.2f}x"
+        print(f"{line} ({counted(len(after), 'window')})")
     first, last = with_[0].behind, with_[-1].behind
     if first is not None and last is not None:
         print(f"retention behind: {first:.0f} s in the first window, {last:.0f} s in the last")

@@ -143,6 +143,46 @@ def test_a_new_sqlite_file_gives_deleted_pages_back(tmp_path: Path) -> None:
         store.close()
 
 
+def test_sqlite_gives_back_in_steps_and_keeps_a_spare_for_the_rows_to_come(
+    tmp_path: Path,
+) -> None:
+    """Each step gives back at most the pages asked (a step holds the writer), says
+    how many more it could give, and leaves ``spare`` of the file free; in the open
+    transaction of a request batch (``reclaim_open``) it commits with that batch."""
+    db = tmp_path / "t.db"
+    store = SqliteStore(db)
+    conn = store.conn
+
+    def free() -> int:
+        return int(conn.execute("PRAGMA freelist_count").fetchone()[0])
+
+    def pages() -> int:
+        return int(conn.execute("PRAGMA page_count").fetchone()[0])
+
+    try:
+        big = "x" * 2000
+        for k in range(300):
+            put(store, make(f"p{k:03d}", "resolved", tags={"pad": big}, settled_at=CUTOFF - 1))
+        assert sweep(store, limit=1000).trees == 300
+        before, freed = pages(), free()
+        assert freed > 200
+        left = store.reclaim(50, spare=0.25)
+        assert (pages(), free()) == (before - 50, freed - 50)
+        assert left > 10  # more to give back than the spare
+        with store.lock:
+            store.begin()
+            assert store.reclaim_open(10, spare=0.25) > 0
+            assert free() == freed - 60
+            store.rollback()  # rolled back with its batch: nothing given back
+        assert free() == freed - 50
+        count = pages()
+        assert store.reclaim(1000, spare=0.25) == 0  # all it may give, in one step
+        assert free() == int(count * 0.25)  # the spare stays free (of the file it found)
+        assert store.reclaim(1000, spare=0.25) == 0
+    finally:
+        store.close()
+
+
 @pytest.mark.parametrize("table", ["promises", "tasks"])
 def test_postgres_skips_a_tree_a_request_holds_a_row_of(pg_url: str, table: str) -> None:
     """A request that holds one row of a tree (its row lock) makes the whole tree wait

@@ -177,7 +177,9 @@ class EngineBase(ABC):
     ) -> T: ...
 
     @abstractmethod
-    async def exclusive(self, fn: Callable[[], T], *, here: bool = False) -> T: ...
+    async def exclusive(
+        self, fn: Callable[[], T], *, here: bool = False, inside: Callable[[], T] | None = None
+    ) -> T: ...
 
     # -- batches on the event loop (batches.py) ----------------------------------------
 

@@ -86,18 +86,28 @@ class Requests(EngineBase):
         raised."""
         return (await self.outcome(fn, now, keys, read_only=read_only, settles=settles)).result()
 
-    async def exclusive(self, fn: Callable[[], T], *, here: bool = False) -> T:
+    async def exclusive(
+        self, fn: Callable[[], T], *, here: bool = False, inside: Callable[[], T] | None = None
+    ) -> T:
         """Run ``fn`` on the writer thread between batches (reset, snapshot, ping).
 
         ``here`` (a store whose batches run on the event loop): on the event loop
         instead, between two batches, as they run — for short work that waits on no
         fsync (a retention batch): lent to the writer thread, every statement of it
         would wait to take the GIL back from a loop busy with requests, and the
-        requests would wait for the connection that long."""
+        requests would wait for the connection that long.
+
+        ``inside`` (with ``here``): when requests wait too, run ``inside`` instead,
+        in their batch's transaction after their jobs, under a savepoint (its failure
+        rolls back only itself), and answer with its result once that batch has
+        committed.  Work that would commit alone then shares the batch's COMMIT — its
+        fsync and its WAL writes, which run off the event loop; alone, ``fn`` runs as
+        ``here`` says."""
         loop = asyncio.get_running_loop()
         done: asyncio.Future[Outcome[T]] = loop.create_future()
         work = Work(None, fn, functools.partial(resolve, done), loop)
         work.here = here and self.store.loop_batches
+        work.inside = inside if work.here else None
         if self.store.loop_batches:
             self._submit(work)
         else:

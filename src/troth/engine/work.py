@@ -43,6 +43,9 @@ class Work:
     queued: float = 0.0
     #: Exclusive work run on the event loop rather than lent (``Engine.exclusive``).
     here: bool = False
+    #: Exclusive work that may instead run inside the next request batch's open
+    #: transaction, under a savepoint (``Engine.exclusive``'s ``inside``).
+    inside: Callable[[], Any] | None = None
 
 
 #: What takes a job's outcome, on the event loop: a future's setter, or a request's

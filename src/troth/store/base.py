@@ -233,6 +233,12 @@ class Store(ABC):
         writer's connection where there is one writer (callers run it between
         batches), on a session of its own on PostgreSQL (row locks, skip-locked)."""
 
+    def retain_open(self, fn: Callable[[Retention], T]) -> T:
+        """Run ``fn`` in the write transaction the caller holds open (a request batch's,
+        under a savepoint: ``Engine.exclusive``'s ``inside``), committed with it; only
+        a store with :attr:`loop_batches` is asked."""
+        raise NotImplementedError
+
     def refused(self, exc: BaseException) -> StoreFault | None:
         """``exc`` as a :class:`~troth.store.faults.StoreFault` when it says the store
         refuses writes for a reason of its own (full, read-only, out of reach), else
@@ -253,9 +259,16 @@ class Store(ABC):
         """Writes succeed again after a fault (on the writer, between batches): a
         SQLite file gives back the WAL that grew while its disk was full."""
 
-    def reclaim(self, pages: int) -> int:
-        """Give up to ``pages`` free pages back to the file system; free pages left.
-        Only a SQLite file has pages to give back (retention calls it after a pass)."""
+    def reclaim(self, pages: int, spare: float = 0.0) -> int:
+        """Give up to ``pages`` free pages back to the file system, keeping ``spare`` of
+        the file's pages free for the rows to come; the free pages left beyond those
+        (0: nothing more to give).  Only a SQLite file has pages to give back
+        (retention calls it after a pass)."""
+        return 0
+
+    def reclaim_open(self, pages: int, spare: float = 0.0) -> int:
+        """:meth:`reclaim` in the write transaction the caller holds open (as
+        :meth:`retain_open`)."""
         return 0
 
     def close(self) -> None:  # noqa: B027 - optional hook

@@ -2,9 +2,14 @@
 background, a small batch at a time (docs/operations.md, "Retention"; the rules are
 store/retention.py's).
 
-Each batch runs between request batches (on the writer thread, for one writer) or on
-a session of its own (PostgreSQL, where it never waits for a request's rows); a pass
-over every candidate root ends in a pause of ``retention_interval`` seconds.
+Each batch runs on the connection of the one writer (SQLite, memory) or on a session
+of its own (PostgreSQL, where it never waits for a request's rows); a pass over
+every candidate root ends in a pause of ``retention_interval`` seconds.  On SQLite a
+batch rides in the transaction of the request batch that runs next when requests
+wait (after their jobs, under a savepoint: ``Engine.exclusive``'s ``inside``), and
+runs alone between batches when none do: riding, it shares their COMMIT, whose WAL
+writes, fsync and checkpoints run on the writer thread rather than on the event
+loop, where a batch alone commits.
 
 Catching up is background work.  While requests are being served, a batch is sized
 to hold the writer about :data:`TARGET` seconds and is followed by a pause long
@@ -22,6 +27,7 @@ tries again after the pause.
 from __future__ import annotations
 
 import asyncio
+import functools
 import gzip
 import json
 import logging
@@ -30,15 +36,17 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Final
+from typing import Final, TypeVar
 
 from troth.engine import Engine
 from troth.plural import counted
 from troth.server.metrics import Metrics
-from troth.store.retention import START, Swept, Tree
+from troth.store.retention import START, Retention, Swept, Tree
 from troth.waiting import cancel_and_wait
 
 log = logging.getLogger("troth.retention")
+
+T = TypeVar("T")
 
 #: Shortest pause between two batches of one pass while requests are being served.
 BETWEEN_BATCHES: Final = 0.01
@@ -46,6 +54,13 @@ BETWEEN_BATCHES: Final = 0.01
 SHARE: Final = 0.15
 #: How long one batch should hold the writer while requests are being served (s).
 TARGET: Final = 0.002
+#: Roots of the first batch (pages of a first step of giving back: eight times as many).
+FIRST: Final = 8
+#: The share of the file's pages a pass leaves free (SQLite): the rows written until
+#: the next pass reuse them, rather than grow the file again just after it shrank.
+SPARE: Final = 1 / 16
+#: Most free pages one step gives back (an idle writer; fewer under load, paced).
+RECLAIM_MOST: Final = 2000
 #: How far behind (ms) retention may be before the log says so, and how often (s).
 BEHIND_WARN: Final = 600_000
 BEHIND_EVERY: Final = 300.0
@@ -98,9 +113,14 @@ class RetentionLoop:
         self.cursor = START
         self.behind_ms = 0
         self.last_run = 0.0
-        #: Roots the next batch looks at (up to ``batch``; fewer under load).
-        self.roots = batch
-        #: Seconds the last batch held the writer (or its session).
+        #: Roots the next batch looks at (up to ``batch``; fewer under load).  The first
+        #: batch is small: a server restarted under load with a backlog would otherwise
+        #: hold the writer for a whole ``retention_batch`` of cold rows at once
+        #: (measured: 50 ms for 100); an idle writer's next batch is full anyway.
+        self.roots = min(batch, FIRST)
+        #: Free pages the next step of giving back takes (up to :data:`RECLAIM_MOST`).
+        self.pages = FIRST * 8
+        #: Seconds the last batch (or step of giving back) held the writer (or its session).
         self.held = 0.0
         self._jobs = 0
         self._warned = 0.0
@@ -131,17 +151,19 @@ class RetentionLoop:
 
         roots = self.roots
 
+        def sweep(r: Retention) -> Swept:
+            return r.sweep(cutoff, cursor, roots, archive)
+
         def batch() -> Swept:
-            began = time.perf_counter()
-            try:
-                return store.retain(lambda r: r.sweep(cutoff, cursor, roots, archive))
-            finally:
-                self.held = time.perf_counter() - began
+            return self._timed(lambda: store.retain(sweep))
+
+        def inside() -> Swept:
+            return self._timed(lambda: store.retain_open(sweep))
 
         if store.shared:
             swept = await asyncio.to_thread(batch)  # its own session, skip-locked
-        else:  # between request batches; on the event loop where they run there
-            swept = await self.engine.exclusive(batch, here=True)
+        else:  # between request batches, or in one; on the event loop where they run
+            swept = await self.engine.exclusive(batch, here=True, inside=inside)
         self.cursor = swept.cursor if swept.cursor is not None else START
         self.behind_ms = swept.behind_ms if swept.trees else 0
         self.last_run = time.time()
@@ -161,6 +183,8 @@ class RetentionLoop:
         while True:
             try:
                 swept = await self.run_once()
+                if swept.cursor is None:  # the pass is over
+                    await self._reclaim()
             except Exception as exc:
                 if self.engine.fault(exc):  # full, read-only, away: logged once an episode
                     log.debug("retention batch: %s; trying again in %.0f s", exc, self.interval)
@@ -169,8 +193,7 @@ class RetentionLoop:
                 self.cursor = START
                 await asyncio.sleep(self.interval)
                 continue
-            if swept.cursor is None:  # the pass is over
-                await self._reclaim()
+            if swept.cursor is None:
                 await asyncio.sleep(self.interval)
             else:
                 await asyncio.sleep(self.pace())
@@ -180,17 +203,12 @@ class RetentionLoop:
         request ran since the last batch): the batch is sized toward :data:`TARGET`
         and the pause keeps retention within :data:`SHARE` of the writer.  Idle: at
         once, and as big as ``retention_batch``."""
-        jobs = self.engine.stats.jobs
-        busy, self._jobs = jobs != self._jobs, jobs
-        if not busy:
-            self.roots = self.batch
-            return 0.0
-        held = max(self.held, 1e-4)
-        if held > TARGET:
-            self.roots = max(1, int(self.roots * TARGET / held))
-        elif held < TARGET / 2:
-            self.roots = min(self.batch, self.roots * 2)
-        if self.behind_ms > BEHIND_WARN and time.monotonic() - self._warned > BEHIND_EVERY:
+        self.roots, pause = self._paced(self.roots, self.batch)
+        if (
+            pause
+            and self.behind_ms > BEHIND_WARN
+            and time.monotonic() - self._warned > BEHIND_EVERY
+        ):
             self._warned = time.monotonic()
             log.warning(
                 "retention is %.0f s behind its horizon: requests keep the writer busy and it"
@@ -198,12 +216,49 @@ class RetentionLoop:
                 self.behind_ms / 1000,
                 SHARE * 100,
             )
-        return max(BETWEEN_BATCHES, held * (1 - SHARE) / SHARE)
+        return pause
+
+    def _paced(self, size: int, most: int) -> tuple[int, float]:
+        """The size of the next step (roots, or pages to give back) and the pause before
+        it, after a step that held the writer :attr:`held` seconds (:meth:`pace`)."""
+        jobs = self.engine.stats.jobs
+        busy, self._jobs = jobs != self._jobs, jobs
+        if not busy:
+            return most, 0.0
+        held = max(self.held, 1e-4)
+        if held > TARGET:
+            size = max(1, int(size * TARGET / held))
+        elif held < TARGET / 2:
+            size = min(most, size * 2)
+        return size, max(BETWEEN_BATCHES, held * (1 - SHARE) / SHARE)
+
+    def _timed(self, fn: Callable[[], T]) -> T:
+        """``fn()``, and how long it held the writer in :attr:`held`."""
+        began = time.perf_counter()
+        try:
+            return fn()
+        finally:
+            self.held = time.perf_counter() - began
 
     async def _reclaim(self) -> None:
-        """The pass is over: give freed pages back (a SQLite file made with incremental
-        auto-vacuum; other stores have none to give)."""
+        """The pass is over: give back the free pages beyond :data:`SPARE` of the file
+        (a SQLite file made with incremental auto-vacuum; other stores have none to
+        give), a step at a time, paced as batches are and riding in request batches
+        as they do.  In one go, the pages a long backlog freed held the writer for
+        long (2,000 pages: 150 ms on the 2-CPU machine of docs/benchmarks.md), and
+        under a steady load the spare pages are what the next rows fill."""
         store = self.engine.store
-        free = await self.engine.exclusive(lambda: store.reclaim(2000))
+        while True:
+            alone = functools.partial(
+                self._timed, functools.partial(store.reclaim, self.pages, SPARE)
+            )
+            inside = functools.partial(
+                self._timed, functools.partial(store.reclaim_open, self.pages, SPARE)
+            )
+            left = await self.engine.exclusive(alone, here=True, inside=inside)
+            if left <= 0:
+                break
+            self.pages, pause = self._paced(self.pages, RECLAIM_MOST)
+            await asyncio.sleep(pause)
         self.metrics.inc("troth_retention_passes_total")
-        log.debug("retention pass done; %d free pages left", free)
+        log.debug("retention pass done")

@@ -347,34 +347,72 @@ class SqliteStore(Store):
         next request commit's fsync makes it durable along with itself (the WAL is
         written in order).  A batch then costs the writer no fsync beside the
         requests'."""
-        with self.lock:
-            relax = self.synchronous == "full"
-            if relax:
-                self.conn.execute("PRAGMA synchronous = NORMAL")
+        with self.lock, self._relaxed():
+            self.begin()
             try:
-                self.begin()
-                try:
-                    result = fn(SqlRetention(self.conn.cursor(), CODEC, "?"))
-                    self.commit()
-                except BaseException:
-                    self.rollback()
-                    raise
-                return result
-            finally:
-                if relax:
-                    self.conn.execute("PRAGMA synchronous = FULL")
+                result = fn(SqlRetention(self.conn.cursor(), CODEC, "?"))
+                self.commit()
+            except BaseException:
+                self.rollback()
+                raise
+            return result
 
-    def reclaim(self, pages: int) -> int:
+    def retain_open(self, fn: Callable[[Retention], T]) -> T:
+        """A retention batch in the request batch the event loop holds open: it commits
+        with that batch, sharing its COMMIT (the WAL writes and fsync, on the writer
+        thread) rather than making one of its own on the event loop."""
+        return fn(SqlRetention(self.conn.cursor(), CODEC, "?"))
+
+    def reclaim(self, pages: int, spare: float = 0.0) -> int:
         """Give up to ``pages`` free pages back to the file system (a file created
         with ``auto_vacuum = INCREMENTAL``; an older file reuses its free pages for
-        new rows instead, so it stops growing without shrinking); free pages left."""
-        with self.lock:
-            if self.conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 2:
-                # executescript steps the pragma to the end; execute() frees one page
-                # per step.  Outside a transaction, so it commits nothing of others'.
-                self.conn.executescript(f"PRAGMA incremental_vacuum({int(pages)});")
-            free: int = self.conn.execute("PRAGMA freelist_count").fetchone()[0]
-            return free
+        new rows instead, so it stops growing without shrinking), in a transaction
+        committed without an fsync of its own, as :meth:`retain` (pages not given
+        back stay free)."""
+        with self.lock, self._relaxed():
+            self.begin()
+            try:
+                left = self._vacuum(pages, spare)
+                self.commit()
+            except BaseException:
+                self.rollback()
+                raise
+            return left
+
+    def reclaim_open(self, pages: int, spare: float = 0.0) -> int:
+        return self._vacuum(pages, spare)
+
+    def _vacuum(self, pages: int, spare: float) -> int:
+        """Move up to ``pages`` pages from the end of the file into free ones, keeping
+        ``spare`` of the file's pages free: rows written meanwhile reuse those rather
+        than grow the file again (a steady load deletes and writes about as many
+        pages between two passes; giving them back each pass would only move pages
+        to and fro).  The free pages left beyond the spare ones."""
+        conn = self.conn
+        if conn.execute("PRAGMA auto_vacuum").fetchone()[0] != 2:
+            return 0
+        count: int = conn.execute("PRAGMA page_count").fetchone()[0]
+        free: int = conn.execute("PRAGMA freelist_count").fetchone()[0]
+        keep = int(count * spare)
+        give = max(0, min(pages, free - keep))
+        for _ in range(give):
+            # One page per statement: the pragma moves a page each step, and Python's
+            # execute() steps a statement that returns no rows once.
+            conn.execute("PRAGMA incremental_vacuum(1)")
+        return max(0, free - give - keep)
+
+    @contextmanager
+    def _relaxed(self) -> Iterator[None]:
+        """``synchronous = NORMAL`` for work that is idempotent (retention's): its
+        commit writes the WAL without an fsync; the next request's makes it durable."""
+        relax = self.synchronous == "full"
+        if relax:
+            self.conn.execute("PRAGMA synchronous = NORMAL")
+        try:
+            yield
+        finally:
+            if relax:
+                self.conn.execute("PRAGMA synchronous = FULL")
 
     def close(self) -> None:
         if self._inline is not None:
