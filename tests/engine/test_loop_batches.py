@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from helpers.store_jobs import CommitSpy, stored_ids
 from troth.engine import Commit, Engine
 from troth.machine.internal import Config
 from troth.protocol.records import Promise, Value
@@ -47,31 +48,6 @@ def create(id: str) -> Any:
         return threading.get_ident()
 
     return job
-
-
-def stored(path: Path) -> set[str]:
-    conn = sqlite3.connect(path)
-    try:
-        return {row[0] for row in conn.execute("SELECT id FROM promises")}
-    finally:
-        conn.close()
-
-
-class CommitSpy(SqliteStore):
-    """A real SQLite store that records where COMMIT ran, and can be made to fail it
-    (a failed COMMIT cannot be provoked on a healthy file)."""
-
-    def __init__(self, path: Path) -> None:
-        super().__init__(path)
-        self.commit_threads: list[int] = []
-        self.fail_commits = 0
-
-    def commit(self) -> None:
-        self.commit_threads.append(threading.get_ident())
-        if self.fail_commits:
-            self.fail_commits -= 1
-            raise sqlite3.OperationalError("disk I/O error (injected)")
-        super().commit()
 
 
 @pytest.fixture
@@ -104,7 +80,7 @@ def test_a_batch_runs_on_the_loop_and_commits_on_the_writer_thread(path: Path) -
         return loop_thread, store.commit_threads, engine.stats.batches
 
     loop_thread, commits, batches = run(store, body)
-    assert stored(path) == {f"p{i}" for i in range(50)}
+    assert stored_ids(path) == {f"p{i}" for i in range(50)}
     # Fifty requests submitted together: one transaction, one COMMIT, not on the loop.
     assert batches == 1
     assert len(commits) == 1
@@ -136,7 +112,7 @@ def test_requests_arriving_during_a_commit_share_the_next_batch(path: Path) -> N
 
     # The first batch is alone: held on the writer thread (lone_commit = writer).
     assert run(store, body, lone_here=False) == 2
-    assert len(stored(path)) == 21
+    assert len(stored_ids(path)) == 21
 
 
 def test_a_batch_alone_commits_on_the_loop_and_others_on_the_writer(path: Path) -> None:
@@ -149,14 +125,14 @@ def test_a_batch_alone_commits_on_the_loop_and_others_on_the_writer(path: Path) 
         loop_thread = threading.get_ident()
         for i in range(3):
             await engine.run(create(f"alone{i}"), 0)
-            assert stored(path) >= {f"alone{i}"}  # answered once committed
+            assert stored_ids(path) >= {f"alone{i}"}  # answered once committed
         await asyncio.gather(*(engine.run(create(f"t{i}"), 0) for i in range(5)))
         return loop_thread, list(store.commit_threads)
 
     loop_thread, commits = run(store, body)
     assert commits[:3] == [loop_thread] * 3
     assert commits[3:] and all(t != loop_thread for t in commits[3:])
-    assert len(stored(path)) == 8
+    assert len(stored_ids(path)) == 8
 
 
 def test_a_failed_commit_of_a_batch_alone_fails_it_and_the_engine_goes_on(path: Path) -> None:
@@ -169,7 +145,7 @@ def test_a_failed_commit_of_a_batch_alone_fails_it_and_the_engine_goes_on(path: 
         await engine.run(create("next"), 0)
 
     run(store, body)
-    assert stored(path) == {"next"}
+    assert stored_ids(path) == {"next"}
     assert not store.lock.locked()
 
 
@@ -209,7 +185,7 @@ def test_an_exclusive_error_reaches_its_caller_and_the_engine_goes_on(path: Path
         await engine.run(create("after"), 0)
 
     run(store, body)
-    assert stored(path) == {"after"}
+    assert stored_ids(path) == {"after"}
 
 
 def test_a_failed_commit_fails_the_whole_batch_and_keeps_nothing(path: Path) -> None:
@@ -225,7 +201,7 @@ def test_a_failed_commit_fails_the_whole_batch_and_keeps_nothing(path: Path) -> 
 
     results = run(store, body)
     assert all(isinstance(r, sqlite3.OperationalError) for r in results)
-    assert stored(path) == {"next"}
+    assert stored_ids(path) == {"next"}
     assert not store.lock.locked()
 
 
@@ -254,7 +230,7 @@ def test_another_writer_on_the_file_never_stalls_the_loop(path: Path) -> None:
         other.close()
     assert ticks == 20
     assert batches == 2
-    assert stored(path) == {"waits", "then"}
+    assert stored_ids(path) == {"waits", "then"}
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "memory"])

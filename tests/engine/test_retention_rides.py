@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from helpers.store_jobs import CommitSpy, stored_ids
 from troth.engine import Engine
 from troth.machine.internal import Config
 from troth.protocol.records import Promise, Value
@@ -44,31 +45,6 @@ def put(p: Promise) -> Any:
         tx.set_promise(p)
 
     return job
-
-
-def stored(path: Path) -> set[str]:
-    conn = sqlite3.connect(path)
-    try:
-        return {row[0] for row in conn.execute("SELECT id FROM promises")}
-    finally:
-        conn.close()
-
-
-class CommitSpy(SqliteStore):
-    """Counts COMMITs (a retention batch that rides makes none of its own) and can be
-    made to fail the next one."""
-
-    def __init__(self, path: Path) -> None:
-        super().__init__(path)
-        self.commits = 0
-        self.fail_commits = 0
-
-    def commit(self) -> None:
-        self.commits += 1
-        if self.fail_commits:
-            self.fail_commits -= 1
-            raise sqlite3.OperationalError("disk I/O error (injected)")
-        super().commit()
 
 
 def run(store: SqliteStore, body: Any) -> Any:
@@ -129,10 +105,15 @@ def test_it_rides_after_the_requests_jobs_and_shares_their_commit(tmp_path: Path
     sweeper = Sweeper(store)
 
     async def body(engine: Engine) -> tuple[Swept, int, int, set[str]]:
-        commits, batches = store.commits, engine.stats.batches
+        commits, batches = len(store.commit_threads), engine.stats.batches
         swept, *_ = await asyncio.gather(*together(engine, sweeper, ["r1", "r2"]))
         # Told only once the shared COMMIT held: another connection sees it.
-        return swept, store.commits - commits, engine.stats.batches - batches, stored(path)
+        return (
+            swept,
+            len(store.commit_threads) - commits,
+            engine.stats.batches - batches,
+            stored_ids(path),
+        )
 
     swept, commits, batches, after = run(store, body)
     assert sweeper.ran == ["inside"]
@@ -154,7 +135,7 @@ def test_a_failing_retention_batch_undoes_only_itself(tmp_path: Path) -> None:
     assert sweeper.ran == ["inside"]
     assert isinstance(rider, ValueError)
     assert request is None
-    assert stored(path) == {"old", "r1"}  # the request committed; the deletion did not
+    assert stored_ids(path) == {"old", "r1"}  # the request committed; the deletion did not
 
 
 def test_a_failed_shared_commit_fails_the_retention_batch_too(tmp_path: Path) -> None:
@@ -173,7 +154,7 @@ def test_a_failed_shared_commit_fails_the_retention_batch_too(tmp_path: Path) ->
     results = run(store, body)
     assert sweeper.ran == ["inside"]
     assert all(isinstance(r, sqlite3.OperationalError) for r in results)
-    assert stored(path) == {"old", "next"}
+    assert stored_ids(path) == {"old", "next"}
     assert not store.lock.locked()
 
 
@@ -194,7 +175,7 @@ def test_with_no_request_waiting_it_runs_alone_on_the_loop(tmp_path: Path) -> No
         sweeper.alone = spy  # type: ignore[method-assign]
         swept = await sweeper.submit(engine)
         assert ran_on == [thread]
-        return swept, len(stored(path))
+        return swept, len(stored_ids(path))
 
     swept, left = run(store, body)
     assert sweeper.ran == ["alone"]
@@ -209,14 +190,14 @@ def test_work_without_inside_never_rides(tmp_path: Path, ids: list[str]) -> None
     sweeper = Sweeper(store)
 
     async def body(engine: Engine) -> int:
-        commits = store.commits
+        commits = len(store.commit_threads)
         futures = [
             asyncio.ensure_future(engine.exclusive(sweeper.alone, here=True)),
             *(asyncio.ensure_future(engine.run(put(promise(i)), 0)) for i in ids),
         ]
         await asyncio.gather(*futures)
-        return store.commits - commits
+        return len(store.commit_threads) - commits
 
     assert run(store, body) == 1 + bool(ids)
     assert sweeper.ran == ["alone"]
-    assert stored(path) == set(ids)
+    assert stored_ids(path) == set(ids)

@@ -6,12 +6,16 @@ every backend must answer alike (test_store_contract.py, test_store_postgres.py)
 from __future__ import annotations
 
 import random
+import sqlite3
+import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 from troth.protocol.records import Execute, Promise, Schedule, Task, Unblock, Value
 from troth.store.base import Job, Overlay, Store
 from troth.store.outbox import settle_one
+from troth.store.sqlite import SqliteStore
 
 T = TypeVar("T")
 
@@ -228,3 +232,30 @@ def outcomes_of(store: Store, jobs: list[Job[Any]]) -> list[tuple[Any, str | Non
     return [
         (o.value, None if o.error is None else repr(o.error), o.wrote) for o in store.execute(jobs)
     ]
+
+
+def stored_ids(path: Path) -> set[str]:
+    """The ids of the promises a SQLite file holds, read on a connection of its own."""
+    conn = sqlite3.connect(path)
+    try:
+        return {row[0] for row in conn.execute("SELECT id FROM promises")}
+    finally:
+        conn.close()
+
+
+class CommitSpy(SqliteStore):
+    """A real SQLite store that records on which thread each COMMIT ran, and can be made
+    to fail the next ``fail_commits`` of them (a failed COMMIT cannot be provoked on a
+    healthy file)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.commit_threads: list[int] = []
+        self.fail_commits = 0
+
+    def commit(self) -> None:
+        self.commit_threads.append(threading.get_ident())
+        if self.fail_commits:
+            self.fail_commits -= 1
+            raise sqlite3.OperationalError("disk I/O error (injected)")
+        super().commit()
