@@ -127,14 +127,16 @@ def test_a_workflow_across_two_nodes_is_one_trace(
         assert set(tops[0].attributes["troth.ids"]) == {root}, tree
         # Both nodes served it; so did both SDK processes (an rpc and the sleep's
         # resumption included): acquires of the root and of the rpc's promise, and
-        # the root's execute delivered before and after its sleep.
+        # the root's execute delivered after its sleep (after the rpc too, unless the
+        # rpc's result was in before the root suspended on it: that suspend is then
+        # answered at once, and the root goes on without another execute).
         assert {s.resource["service.instance.id"] for s in mine} == {"n1", "n2"}, tree
         acquired = {s.attributes["troth.ids"][0] for s in mine if s.name == "task.acquire"}
         assert root in acquired and len(acquired) >= 2, tree
         executes = [
             s for s in mine if s.name == "deliver execute" and s.attributes["troth.task.id"] == root
         ]
-        assert len(executes) >= 2, tree
+        assert len(executes) >= 1, tree
         assert any(s.name == "task.fence" for s in mine), tree
     # One trace per workflow: no two share one.
     assert len(set(traces)) == COUNT
