@@ -47,6 +47,7 @@ import http
 import logging
 import re
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
@@ -130,7 +131,7 @@ def simple_request(
 def response(
     status: int,
     defaults: list[tuple[bytes, bytes]],
-    headers: list[tuple[bytes, bytes]],
+    headers: Sequence[tuple[bytes, bytes]],
     keep_alive: bool,
     body: bytes,
 ) -> bytes:
@@ -251,21 +252,23 @@ async def answer_directly(app: App, cycle: _Cycle) -> None:
             raise
 
 
+#: The answer to a ``POST /`` whose serving raised outside the envelope handler (a
+#: bug), as uvicorn gives it: a plain 500, and the connection closed after it.
+BROKEN_BODY = b"Internal Server Error"
+BROKEN_HEADERS = (
+    (b"content-type", b"text/plain; charset=utf-8"),
+    (b"content-length", b"%d" % len(BROKEN_BODY)),
+)
+
+
 def failed(cycle: _Cycle, send: DirectSend, exc: BaseException) -> None:
     """``Envelopes.envelope`` answers every request itself; reaching here is a bug.  Answer as
     uvicorn would (500, close)."""
     log.error("POST / failed outside the envelope path", exc_info=exc)
     if not send.started and not cycle.disconnected and not cycle.transport.is_closing():
-        body = b"Internal Server Error"
         cycle.keep_alive = False
-        send.status, send.headers = (
-            500,
-            [
-                (b"content-type", b"text/plain; charset=utf-8"),
-                (b"content-length", b"%d" % len(body)),
-            ],
-        )
-        send.now(body)
+        send.status, send.headers = 500, list(BROKEN_HEADERS)
+        send.now(BROKEN_BODY)
     elif not cycle.response_complete:
         cycle.transport.close()
 
@@ -296,7 +299,8 @@ class DirectHttpToolsProtocol(GuardedHttpToolsProtocol):
         self.answering = False
         self.keep_alive = True
         self.held = b""
-        #: A simple answer waiting for the peer to read what was written before.
+        #: The task that writes a simple answer once the peer has read what was
+        #: written before (held: the event loop keeps only a weak reference to it).
         self.draining: asyncio.Future[None] | None = None
         #: Whether :meth:`take` is on the stack (an answer written at once).
         self.taking = False
@@ -401,14 +405,8 @@ class DirectHttpToolsProtocol(GuardedHttpToolsProtocol):
         error itself: a bug.  Answered as uvicorn would (500, close)."""
         log.error("POST / failed outside the envelope path", exc_info=exc)
         if not self.transport.is_closing():
-            body = b"Internal Server Error"
-            headers = [
-                (b"content-type", b"text/plain; charset=utf-8"),
-                (b"content-length", b"%d" % len(body)),
-            ]
-            self.transport.write(
-                response(500, self.server_state.default_headers, headers, False, body)
-            )
+            defaults = self.server_state.default_headers
+            self.transport.write(response(500, defaults, BROKEN_HEADERS, False, BROKEN_BODY))
             self.transport.close()
         self.simple_answered()
 
