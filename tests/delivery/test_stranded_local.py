@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from helpers.sse import stream
+from helpers.store_jobs import outbox_rows
 from helpers.support import RunningServer, running_server, wait_for
 from troth.outbox import codes
 from troth.server.config import Settings
@@ -21,16 +22,6 @@ from troth.server.config import Settings
 pytestmark = pytest.mark.timeout(60)
 
 FAR = 10**13
-
-
-def rows(db: Path, key: str) -> list[tuple[object, ...]]:
-    """``(state, last_code, attempts)`` of every row of ``key``, oldest first."""
-    conn = sqlite3.connect(db, timeout=10)
-    try:
-        sql = "SELECT state, last_code, attempts FROM outbox WHERE key = ? ORDER BY id"
-        return [tuple(r) for r in conn.execute(sql, (key,)).fetchall()]
-    finally:
-        conn.close()
 
 
 @pytest.fixture
@@ -52,11 +43,13 @@ def test_what_failed_while_the_worker_was_away_reaches_it_when_it_connects(
             "promise.create", {"id": id, "timeoutAt": FAR, "tags": {"resonate:target": address}}
         )
     gave_up = [("failed", codes.ATTEMPTS_EXHAUSTED, 1)]
-    wait_for("both to fail", lambda: rows(db, "gave-up") == gave_up == rows(db, "other"))
+    wait_for(
+        "both to fail", lambda: outbox_rows(db, "gave-up") == gave_up == outbox_rows(db, "other")
+    )
     with caplog.at_level(logging.INFO, logger="troth"), stream(node, "G", "w1") as w1:
         assert w1.next(timeout=3)["data"]["task"]["id"] == "gave-up"
-    wait_for("its row delivered", lambda: rows(db, "gave-up") == [("completed", None, 0)])
-    assert rows(db, "other") == gave_up  # another stream's message stays as it was
+    wait_for("its row delivered", lambda: outbox_rows(db, "gave-up") == [("completed", None, 0)])
+    assert outbox_rows(db, "other") == gave_up  # another stream's message stays as it was
     assert "worker connected to g/w1: 1 messages that could not be delivered" in caplog.text
 
 
@@ -68,7 +61,9 @@ def test_a_backed_off_message_goes_out_as_its_worker_connects(tmp_path: Path) ->
             "promise.create",
             {"id": "held", "timeoutAt": FAR, "tags": {"resonate:target": "poll://uni@g/w2"}},
         )
-        wait_for("a first try", lambda: rows(db, "held") == [("pending", codes.NO_CONNECTION, 1)])
+        wait_for(
+            "a first try", lambda: outbox_rows(db, "held") == [("pending", codes.NO_CONNECTION, 1)]
+        )
         # Backed off 1 s, then 4 s; pushed out of reach: the connection is what brings it.
         conn = sqlite3.connect(db, timeout=10)
         with conn:

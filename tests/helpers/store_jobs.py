@@ -243,6 +243,17 @@ def stored_ids(path: Path) -> set[str]:
         conn.close()
 
 
+def outbox_rows(db: Path, key: str) -> list[tuple[object, ...]]:
+    """``(state, last_code, attempts)`` of every outbox row of ``key`` in a SQLite file,
+    oldest first, read on a connection of its own."""
+    conn = sqlite3.connect(db, timeout=10)
+    try:
+        sql = "SELECT state, last_code, attempts FROM outbox WHERE key = ? ORDER BY id"
+        return [tuple(r) for r in conn.execute(sql, (key,)).fetchall()]
+    finally:
+        conn.close()
+
+
 class CommitSpy(SqliteStore):
     """A real SQLite store that records on which thread each COMMIT ran, and can be made
     to fail the next ``fail_commits`` of them (a failed COMMIT cannot be provoked on a

@@ -4,7 +4,6 @@ newer message of their key exists.  A real SQLite server, a real SSE worker."""
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,6 +11,7 @@ from typing import Any
 import pytest
 
 from helpers.sse import stream
+from helpers.store_jobs import outbox_rows
 from helpers.support import RunningServer, running_server, wait_for
 from troth.outbox import codes
 from troth.server.config import Settings
@@ -20,16 +20,6 @@ pytestmark = pytest.mark.timeout(60)
 
 FAR = 10**13
 GAVE_UP = [("failed", codes.ATTEMPTS_EXHAUSTED, 1)]
-
-
-def rows(db: Path, key: str) -> list[tuple[object, ...]]:
-    """``(state, last_code, attempts)`` of every row of ``key``, oldest first."""
-    conn = sqlite3.connect(db, timeout=10)
-    try:
-        sql = "SELECT state, last_code, attempts FROM outbox WHERE key = ? ORDER BY id"
-        return [tuple(r) for r in conn.execute(sql, (key,)).fetchall()]
-    finally:
-        conn.close()
 
 
 def retry(node: RunningServer, body: Any) -> tuple[int, Any]:
@@ -52,7 +42,7 @@ def failed(node: RunningServer, db: Path, *targets: tuple[str, str]) -> None:
         node.ok(
             "promise.create", {"id": id, "timeoutAt": FAR, "tags": {"resonate:target": address}}
         )
-    wait_for("every send to fail", lambda: all(rows(db, id) == GAVE_UP for id, _ in targets))
+    wait_for("every send to fail", lambda: all(outbox_rows(db, id) == GAVE_UP for id, _ in targets))
 
 
 def test_failed_deliveries_reach_a_worker_that_came_back(
@@ -66,16 +56,16 @@ def test_failed_deliveries_reach_a_worker_that_came_back(
     assert status == 200, dry
     assert (dry["matched"], dry["taskNotPending"], dry["retried"]) == (2, 1, 0)
     assert len(dry["rows"]) == 1
-    assert rows(db, "a") == GAVE_UP  # a dry run changes nothing
+    assert outbox_rows(db, "a") == GAVE_UP  # a dry run changes nothing
 
     with stream(node, "g", "w1") as worker:
         status, done = retry(node, {"target": "g"})
         assert (status, done["retried"], done["rows"]) == (200, 1, dry["rows"])
         message = worker.next(timeout=5)
         assert message["data"]["task"]["id"] == "a"
-    wait_for("a delivered", lambda: rows(db, "a") == [("completed", None, 0)])
-    assert rows(db, "halted") == GAVE_UP
-    assert rows(db, "h") == GAVE_UP  # another group's row: not the target's
+    wait_for("a delivered", lambda: outbox_rows(db, "a") == [("completed", None, 0)])
+    assert outbox_rows(db, "halted") == GAVE_UP
+    assert outbox_rows(db, "h") == GAVE_UP  # another group's row: not the target's
 
     # A second retry finds nothing more of group g to offer.
     assert retry(node, {"target": "g"})[1]["retried"] == 0
@@ -107,4 +97,4 @@ def test_a_bad_retry_is_refused_and_changes_nothing(
     failed(node, db, ("z", "poll://any@q"))
     status, answer = retry(node, body)
     assert status == 400 and message in answer["error"], answer
-    assert rows(db, "z") == GAVE_UP
+    assert outbox_rows(db, "z") == GAVE_UP
