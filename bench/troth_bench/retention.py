@@ -15,6 +15,9 @@ shows a flat line after the first horizon; the control grows with the load.
 without retention, then the server restarted with ``--retention`` on the same file,
 and ``--seconds`` more of the same load while retention catches up, in windows:
 workflows per second, request p99 and max, and ``troth_retention_behind_seconds``.
+``--mixed`` runs the rest of a busy server's load beside the workflows in both
+phases (:mod:`troth_bench.mixed`: lifecycle with SSE workers, and reads), so the
+windows also show tasks per second, their p99 and reads per second.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from troth.plural import counted
 from troth_bench import pg
 from troth_bench.http import HttpConnection
 from troth_bench.measure import proc_cpu
+from troth_bench.mixed import Beside
 from troth_bench.procs import ServerProcess
 
 _encode = msgspec.json.encode
@@ -121,6 +125,8 @@ class Window:
     max: float
     behind: float | None
     cpu_ms: float | None = None
+    #: ``--mixed``: lifecycle tasks per second, their request p99 (ms), reads per second.
+    beside: tuple[float, float, float] | None = None
 
 
 @dataclass
@@ -162,28 +168,44 @@ async def behind_seconds(port: int) -> float | None:
 
 
 async def backlog_phase(
-    server: ServerProcess, phase: str, seconds: float, clients: int, window: float
+    server: ServerProcess,
+    phase: str,
+    seconds: float,
+    args: argparse.Namespace,
+    first: bool,
 ) -> list[Window]:
-    """``clients`` steady workflow clients for ``seconds``, measured in windows."""
+    """``--clients`` steady workflow clients for ``seconds`` (with ``--mixed``,
+    lifecycle and reads beside them), measured in windows of ``--window``."""
     await server.start()
     run, current, out = Run(phase), Windows(), []
+    beside = None
     try:
+        if args.mixed:
+            beside = await Beside.open(
+                server, args.lifecycle_clients, args.workers, args.reads_clients, seed=first
+            )
         began = time.monotonic()
         stop = began + seconds
         load = [
             asyncio.create_task(client(server.port, f"{phase}{k}-", stop, run, current))
-            for k in range(clients)
+            for k in range(args.clients)
         ]
+        if beside is not None:
+            beside.start(stop)
         mark, spent = began, proc_cpu(server.pid)
-        while time.monotonic() + window <= stop + 0.5:
-            await asyncio.sleep(mark + window - time.monotonic())
+        while time.monotonic() + args.window <= stop + 0.5:
+            await asyncio.sleep(mark + args.window - time.monotonic())
             now, cpu = time.monotonic(), proc_cpu(server.pid)
             behind = await behind_seconds(server.port)
             used = cpu - spent if cpu is not None and spent is not None else None
             out.append(current.close(phase, now - mark, behind, used))
+            if beside is not None:
+                out[-1].beside = beside.close(now - mark)
             print(_window_line(len(out), out[-1]), flush=True)
             mark, spent = now, cpu
         await asyncio.gather(*load)
+        if beside is not None:
+            await beside.finish()
     finally:
         server.kill()
     return out
@@ -193,7 +215,30 @@ def _window_line(n: int, w: Window) -> str:
     behind = "-" if w.behind is None else f"{w.behind:.0f}"
     cpu = "-" if w.cpu_ms is None else f"{w.cpu_ms:.2f}"
     line = f"{n:3} {w.phase:18} {w.rate:9,.0f} {w.p99:8.1f} {w.max:8.1f} {behind:>8}"
-    return f"{line} {cpu:>8}"
+    line = f"{line} {cpu:>9}"
+    if w.beside is not None:
+        tasks, p99, reads = w.beside
+        line = f"{line} {tasks:9,.0f} {p99:8.1f} {reads:9,.0f}"
+    return line
+
+
+def _mixed_verdict(without: list[Window], with_: list[Window]) -> None:
+    """``--mixed``: the worst window with retention against the median without, for
+    lifecycle's tasks, their p99 and the reads."""
+    base = [w.beside for w in without[1:] or without if w.beside is not None]
+    held = [w.beside for w in with_ if w.beside is not None]
+    if not base or not held:
+        return
+    for k, name, unit in ((0, "lifecycle", "tasks/s"), (2, "reads", "reads/s")):
+        median = sorted(b[k] for b in base)[len(base) // 2]
+        worst = min(h[k] for h in held)
+        print(
+            f"{name}: worst window with retention {worst:,.0f} {unit} = {worst / median:.2f}x"
+            f" the median without ({median:,.0f})"
+        )
+    p99 = sorted(b[1] for b in base)[len(base) // 2]
+    most = max(h[1] for h in held)
+    print(f"lifecycle p99: at most {most:.1f} ms with retention = {most / p99:.2f}x ({p99:.1f})")
 
 
 async def backlog(args: argparse.Namespace) -> int:
@@ -202,20 +247,25 @@ async def backlog(args: argparse.Namespace) -> int:
     ``backlog - horizon`` seconds of workflows) and run ``--seconds`` more under the
     same load.  The ratio of the worst window with retention to the median window
     without it says what catching up costs the foreground."""
-    window = args.window
     with tempfile.TemporaryDirectory(prefix="troth-retention-") as tmp:
         work = Path(tmp)
         db = work / "backlog.db"
         extra = ["--retention", args.horizon, "--retention-interval", "1"]
         print(f"steady load: {counted(args.clients, 'client')}, workflows of 4 promises")
         head = f"{'#':>3} {'phase':18} {'wf/s':>9} {'p99 ms':>8} {'max ms':>8} {'behind s':>8}"
-        print(f"{head} {'cpu ms/wf':>9}")
+        head = f"{head} {'cpu ms/wf':>9}"
+        if args.mixed:
+            print(
+                f"beside them: lifecycle, {counted(args.lifecycle_clients, 'client')} and"
+                f" {counted(args.workers, 'SSE worker')}; reads,"
+                f" {counted(args.reads_clients, 'client')}"
+            )
+            head = f"{head} {'tasks/s':>9} {'task p99':>8} {'reads/s':>9}"
+        print(head)
         plain = ServerProcess.troth(work / "a", db, synchronous="full")
-        without = await backlog_phase(
-            plain, "without retention", args.backlog, args.clients, window
-        )
+        without = await backlog_phase(plain, "without retention", args.backlog, args, True)
         kept = ServerProcess.troth(work / "b", db, synchronous="full", extra=extra)
-        with_ = await backlog_phase(kept, "with retention", args.seconds, args.clients, window)
+        with_ = await backlog_phase(kept, "with retention", args.seconds, args, False)
     base = sorted(w.rate for w in without[1:] or without)
     median = base[len(base) // 2]
     p99s = sorted(w.p99 for w in without[1:] or without)
@@ -243,6 +293,7 @@ async def backlog(args: argparse.Namespace) -> int:
         if cpus and spent:
             line += f", CPU per workflow {spent[len(spent) // 2] / cpus[len(cpus) // 2]:.2f}x"
         print(f"{line} ({counted(len(after), 'window')})")
+    _mixed_verdict(without, with_)
     first, last = with_[0].behind, with_[-1].behind
     if first is not None and last is not None:
         print(f"retention behind: {first:.0f} s in the first window, {last:.0f} s in the last")
@@ -389,6 +440,14 @@ def main(argv: list[str] | None = None) -> int:
         " same file and --seconds more: what catching up costs (windows of --window s)",
     )
     parser.add_argument("--window", type=float, default=10.0, help="--backlog: window seconds")
+    parser.add_argument(
+        "--mixed",
+        action="store_true",
+        help="--backlog: lifecycle and reads beside the workflows (troth_bench.mixed)",
+    )
+    parser.add_argument("--lifecycle-clients", type=int, default=24, help="--mixed (24)")
+    parser.add_argument("--workers", type=int, default=8, help="--mixed: SSE workers (8)")
+    parser.add_argument("--reads-clients", type=int, default=16, help="--mixed (16)")
     parser.add_argument(
         "--vacuum",
         action="store_true",
