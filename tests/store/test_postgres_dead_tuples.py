@@ -20,6 +20,7 @@ import pytest
 
 from helpers import pg
 from troth.outbox.rows import RowState, Settlement
+from troth.protocol.records import EARLIEST
 from troth.store.postgres import PostgresStore
 from troth.store.postgres.rows import Q
 
@@ -265,3 +266,46 @@ def test_settlements_keep_to_the_index_as_the_outbox_grows_from_empty(url: str) 
     settling = [p for p in plans if "UPDATE outbox AS o" in p]
     assert len(settling) == 10, plans
     assert not any("Seq Scan" in p for p in settling), settling[-1]
+
+
+@pytest.mark.parametrize("mode", ["force_generic_plan", "force_custom_plan"])
+def test_a_timer_pass_from_the_floor_passes_no_dead_deadlines(url: str, mode: str) -> None:
+    """Tasks pending (retry at 10), then acquired (lease until 20) and finished;
+    external promises that timed out at 10 and were settled; a schedule that ran at
+    10 and moved on — all while the horizon is held.  A pass's due lists from the
+    timer's floor (30) up to now (5,030) walk none of their dead entries; from the
+    bottom they walk them all."""
+    holder = holding(url)
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(
+                "INSERT INTO tasks (id, state, version, retry_at, resumes) SELECT 't' || g,"
+                f" 'pending', 0, 10, '[]' FROM generate_series(1, {CHURN}) g"
+            )
+            conn.execute("UPDATE tasks SET state = 'acquired', expires_at = 20, retry_at = NULL")
+            conn.execute("UPDATE tasks SET state = 'fulfilled', expires_at = NULL")
+            conn.execute(
+                "INSERT INTO promises (id, state, param, value, tags, timeout_at, created_at,"
+                " callbacks, listeners, external, undrained) SELECT 'p' || g, 'pending', '{}',"
+                f" '{{}}', '{{}}', 10, 1, '[]', '[]', true, false FROM generate_series(1, {CHURN}) g"
+            )
+            conn.execute("UPDATE promises SET state = 'rejected_timedout', settled_at = 10")
+            conn.execute(
+                "INSERT INTO schedules (id, cron, promise_id, promise_timeout, promise_param,"
+                " promise_tags, created_at, next_run_at) SELECT 's' || g, '* * * * *', 'x', 1,"
+                f" '{{}}', '{{}}', 1, 10 FROM generate_series(1, {CHURN // 5}) g"
+            )
+            for k in range(1, 6):  # each run moves next_run_at on, leaving a dead entry
+                conn.execute(f"UPDATE schedules SET next_run_at = {10 + k}")
+            conn.execute("UPDATE schedules SET next_run_at = 1000000")
+            conn.execute("ANALYZE tasks, promises, schedules")
+        types = ["numeric", "numeric", "int"]  # now, since, limit
+        for name in ("due_tasks", "due_promises", "due_schedules"):
+            with psycopg.connect(url) as conn:
+                found, bounded = explain(conn, Q[name], types, [5_030, 30, 64], mode)
+            with psycopg.connect(url) as conn:
+                _, unbounded = explain(conn, Q[name], types, [5_030, EARLIEST, 64], mode)
+            assert bounded < 20, f"{bounded} buffers for {name} from the floor: {found}"
+            assert unbounded > 10 * bounded, (name, unbounded, bounded)
+    finally:
+        holder.close()

@@ -25,6 +25,7 @@ import time
 from troth.engine.base import EngineBase
 from troth.engine.clock import SLICE
 from troth.machine.core import tick
+from troth.protocol.records import EARLIEST
 from troth.store.base import Overlay
 from troth.store.faults import StoreFault, StoreUnavailable
 from troth.waiting import wait_event
@@ -41,8 +42,6 @@ SHARED_MAX_SLEEP = 5.0
 FULL_READ_EVERY = 60.0
 #: Milliseconds below the wall clock that the floor reaches at least.
 FLOOR_SLACK_MS = 1000
-#: The floor of a full read: below every deadline.
-NO_FLOOR = -(2**63)
 
 
 class Timer(EngineBase):
@@ -103,7 +102,8 @@ class Timer(EngineBase):
                     # Late by the wall clock, not counting a step of it (clock_watch).
                     self.stats.lag_ms = max(now - max(deadline, self.clock_watch.stepped_at), 0)
                     began = time.perf_counter()
-                    passed = await self.outcome(functools.partial(self._tick, now=now), now)
+                    tick_since = functools.partial(self._tick, now=now, since=self._since())
+                    passed = await self.outcome(tick_since, now)
                     if passed.error is not None:
                         raise passed.error
                     self.stats.ticks += 1
@@ -162,7 +162,7 @@ class Timer(EngineBase):
         at = time.monotonic()
         if self._floor == -math.inf or at - self._full_at >= FULL_READ_EVERY:
             self._full_at = at
-            return NO_FLOOR, high
+            return EARLIEST, high
         return int(self._floor), high
 
     async def _sleep(self, deadline: int | None, delay: float | None) -> None:
@@ -190,7 +190,16 @@ class Timer(EngineBase):
             if deadline is not None and self.clock() >= deadline:
                 return
 
-    def _tick(self, tx: Overlay, now: int) -> int:
-        fired = tick(tx, now, self.config)
+    def _since(self) -> int:
+        """Where a pass's due lists start: the floor of the reads (:meth:`_bounds`) on a
+        store read apart, for below it no deadline is alive but one another node
+        committed and crashed before announcing, which the next read from the bottom
+        finds and so lowers the floor.  Elsewhere, from the bottom."""
+        if not self.store.deadline_apart or self._floor == -math.inf:
+            return EARLIEST
+        return max(int(self._floor), EARLIEST)
+
+    def _tick(self, tx: Overlay, now: int, since: int = EARLIEST) -> int:
+        fired = tick(tx, now, self.config, since)
         self.keep_limits(tx, now)
         return fired

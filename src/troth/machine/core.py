@@ -15,6 +15,7 @@ from troth.machine.internal import Config, Recorder, fire_due, settle_enabled
 from troth.machine.state import Response, error
 from troth.machine.tx import Tx
 from troth.protocol import requests as rq
+from troth.protocol.records import EARLIEST
 from troth.protocol.requests import BadRequest, decode_data
 
 Handler = Callable[[Tx, Any, int], Response]
@@ -151,6 +152,7 @@ def read(tx: Tx, req: rq.Req, now: int) -> Response:
         return error(400, str(exc))
 
 
-def tick(tx: Tx, now: int, config: Config) -> int:
-    """One timer pass: fire every step due at ``now``; returns how many objects were due."""
-    return fire_due(Recorder(tx), now, config)
+def tick(tx: Tx, now: int, config: Config, since: int = EARLIEST) -> int:
+    """One timer pass: fire every step due at ``now`` (from ``since``: the timer's
+    floor); returns how many objects were due."""
+    return fire_due(Recorder(tx), now, config, since)

@@ -29,6 +29,7 @@ from troth.machine.state import (
 )
 from troth.machine.tx import Tx
 from troth.protocol.records import (
+    EARLIEST,
     PENDING,
     TAG_PARENT,
     TAG_SCHEDULE,
@@ -114,14 +115,14 @@ class Recorder:
     def promises_in_branch(self, branch: str, limit: int) -> list[Promise]:
         return self.tx.promises_in_branch(branch, limit)
 
-    def due_promises(self, now: int, limit: int) -> list[str]:
-        return self.tx.due_promises(now, limit)
+    def due_promises(self, now: int, limit: int, since: int = EARLIEST) -> list[str]:
+        return self.tx.due_promises(now, limit, since)
 
-    def due_tasks(self, now: int, limit: int) -> list[str]:
-        return self.tx.due_tasks(now, limit)
+    def due_tasks(self, now: int, limit: int, since: int = EARLIEST) -> list[str]:
+        return self.tx.due_tasks(now, limit, since)
 
-    def due_schedules(self, now: int, limit: int) -> list[str]:
-        return self.tx.due_schedules(now, limit)
+    def due_schedules(self, now: int, limit: int, since: int = EARLIEST) -> list[str]:
+        return self.tx.due_schedules(now, limit, since)
 
     def undrained_promises(self, limit: int) -> list[str]:
         return self.tx.undrained_promises(limit)
@@ -281,20 +282,21 @@ def settle_enabled(rec: Recorder, now: int, config: Config) -> None:
             t_done += 1
 
 
-def fire_due(rec: Recorder, now: int, config: Config) -> int:
-    """The timer's unit of work: fire every step due at ``now``; returns the count of
-    objects visited (0 means nothing was due)."""
+def fire_due(rec: Recorder, now: int, config: Config, since: int = EARLIEST) -> int:
+    """The timer's unit of work: fire every step due at ``now``, from ``since`` (no live
+    deadline lies before it: ``Tx.due_promises``); returns the count of objects
+    visited (0 means nothing was due)."""
     visited = 0
-    for id in rec.due_promises(now, DUE_BATCH):
+    for id in rec.due_promises(now, DUE_BATCH, since):
         fire_promise_steps(rec, id, now)
         visited += 1
     for id in rec.undrained_promises(DUE_BATCH):
         fire_promise_steps(rec, id, now)
         visited += 1
-    for id in rec.due_tasks(now, DUE_BATCH):
+    for id in rec.due_tasks(now, DUE_BATCH, since):
         fire_task_steps(rec, id, now, config)
         visited += 1
-    for id in rec.due_schedules(now, DUE_BATCH):
+    for id in rec.due_schedules(now, DUE_BATCH, since):
         r7_schedule(rec, id, now)
         visited += 1
     settle_enabled(rec, now, config)

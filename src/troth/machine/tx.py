@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Protocol
 
-from troth.protocol.records import Message, Promise, Schedule, Tags, Task
+from troth.protocol.records import EARLIEST, Message, Promise, Schedule, Tags, Task
 
 
 class Tx(Protocol):
@@ -53,16 +53,20 @@ class Tx(Protocol):
 
     # Deadline index: what the timer asks for.  Ids only; the machine re-checks every
     # guard itself, so a stale or generous answer is harmless (an armed deadline
-    # means "not before").
+    # means "not before").  ``since``: the timer knows no live deadline before it (its
+    # floor, engine/timer.py); a store may leave out what is due before it, and one
+    # whose index keeps dead entries (PostgreSQL while the horizon is held) must, so
+    # that a pass does not walk them.
 
-    def due_promises(self, now: int, limit: int) -> list[str]:
-        """Pending external promises with ``timeoutAt <= now``."""
+    def due_promises(self, now: int, limit: int, since: int = EARLIEST) -> list[str]:
+        """Pending external promises with ``since <= timeoutAt <= now``."""
 
-    def due_tasks(self, now: int, limit: int) -> list[str]:
-        """Pending tasks with ``retryAt <= now`` and acquired ones with ``expiresAt <= now``."""
+    def due_tasks(self, now: int, limit: int, since: int = EARLIEST) -> list[str]:
+        """Pending tasks with ``retryAt`` and acquired ones with ``expiresAt`` in
+        ``[since, now]``."""
 
-    def due_schedules(self, now: int, limit: int) -> list[str]:
-        """Schedules with ``nextRunAt <= now``."""
+    def due_schedules(self, now: int, limit: int, since: int = EARLIEST) -> list[str]:
+        """Schedules with ``since <= nextRunAt <= now``."""
 
     def undrained_promises(self, limit: int) -> list[str]:
         """Settled promises whose callbacks or listeners are not yet drained (repair)."""

@@ -53,6 +53,10 @@ PROMISE_STATES: Final[frozenset[str]] = frozenset(s.value for s in PromiseState)
 SETTABLE_STATES: Final[frozenset[str]] = frozenset({RESOLVED, REJECTED, REJECTED_CANCELED})
 TASK_STATES: Final[frozenset[str]] = frozenset(s.value for s in TaskState)
 
+#: Before every instant a record carries (ms since the epoch; PostgreSQL's least
+#: ``int8``): the lower bound of a due list that leaves nothing out (``Tx.due_tasks``).
+EARLIEST: Final = -(2**63)
+
 TAG_TARGET: Final = "resonate:target"
 TAG_TIMER: Final = "resonate:timer"
 TAG_EXTERNAL: Final = "resonate:external"

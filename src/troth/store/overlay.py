@@ -7,6 +7,7 @@ from collections.abc import Collection
 
 from troth.flow.limits import Held, held_order, key_of
 from troth.protocol.records import (
+    EARLIEST,
     TAG_BRANCH,
     Message,
     OutboxEntry,
@@ -121,14 +122,14 @@ class Overlay:
                 found[p.id] = p
         return [found[id] for id in sorted(found)][:limit]
 
-    def due_promises(self, now: int, limit: int) -> list[str]:
-        return self.backend.due_promises(now, limit)
+    def due_promises(self, now: int, limit: int, since: int = EARLIEST) -> list[str]:
+        return self.backend.due_promises(now, limit, since)
 
-    def due_tasks(self, now: int, limit: int) -> list[str]:
-        return self.backend.due_tasks(now, limit)
+    def due_tasks(self, now: int, limit: int, since: int = EARLIEST) -> list[str]:
+        return self.backend.due_tasks(now, limit, since)
 
-    def due_schedules(self, now: int, limit: int) -> list[str]:
-        return self.backend.due_schedules(now, limit)
+    def due_schedules(self, now: int, limit: int, since: int = EARLIEST) -> list[str]:
+        return self.backend.due_schedules(now, limit, since)
 
     def undrained_promises(self, limit: int) -> list[str]:
         return self.backend.undrained_promises(limit)

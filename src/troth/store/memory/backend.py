@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from troth.flow.limits import Held, Limit, held_order
 from troth.outbox.rows import OutboxRow
-from troth.protocol.records import PENDING, TAG_BRANCH, Promise, Schedule, Tags, Task
+from troth.protocol.records import EARLIEST, PENDING, TAG_BRANCH, Promise, Schedule, Tags, Task
 from troth.store.base import Backend
 from troth.store.deadlines import promise_deadline, task_deadline
 from troth.store.snapshot import snapshot
@@ -172,13 +172,15 @@ class MemoryBackend(Backend):
         s = self.schedules.get(id)
         return s is not None and s.next_run_at == d
 
-    def due_promises(self, now: int, limit: int) -> list[str]:
+    # ``since`` is left unused: a heap pops only what is due, and holds no dead entry.
+
+    def due_promises(self, now: int, limit: int, since: int = EARLIEST) -> list[str]:
         return self._due(self.p_heap, self._valid_p, now, limit)
 
-    def due_tasks(self, now: int, limit: int) -> list[str]:
+    def due_tasks(self, now: int, limit: int, since: int = EARLIEST) -> list[str]:
         return self._due(self.t_heap, self._valid_t, now, limit)
 
-    def due_schedules(self, now: int, limit: int) -> list[str]:
+    def due_schedules(self, now: int, limit: int, since: int = EARLIEST) -> list[str]:
         return self._due(self.s_heap, self._valid_s, now, limit)
 
     def undrained_promises(self, limit: int) -> list[str]:

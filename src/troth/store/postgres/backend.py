@@ -14,7 +14,7 @@ from typing import Any, Final, TypeVar, cast
 import psycopg
 from psycopg.pq import TransactionStatus
 
-from troth.protocol.records import PENDING, Promise, Schedule, Task
+from troth.protocol.records import EARLIEST, PENDING, Promise, Schedule, Task
 from troth.store.base import BatchClaim
 from troth.store.postgres.claims import INSERT_CLAIMED_FRESH, MESSAGE_COLUMNS, Reach, claimable
 from troth.store.postgres.flow import FlowTables
@@ -372,21 +372,26 @@ class PostgresBackend(FlowTables, Scans):
             ids.append(row.id)
         return ids
 
-    def due_promises(self, now: int, limit: int) -> list[str]:
-        ids = self._due("promises", (now, limit), CODEC.promise, self.promises)
+    # ``since`` bounds each due list from below: while a snapshot holds the horizon
+    # back, a deadline index's low end fills with the dead entries of every row that
+    # left it, and a list from the bottom walked them all in the writer's batch.
+
+    def due_promises(self, now: int, limit: int, since: int = EARLIEST) -> list[str]:
+        params = (now, since, limit)
+        ids = self._due("promises", params, CODEC.promise, self.promises)
         self.read_next(ids, tasks=ids)
         return ids
 
-    def due_tasks(self, now: int, limit: int) -> list[str]:
+    def due_tasks(self, now: int, limit: int, since: int = EARLIEST) -> list[str]:
         """A due task's promise is read next (:meth:`read_next`); a cycle with a
         request's batch, which locks promise then task, ends at ``lock_timeout``."""
-        params = {"now": now, "limit": limit}
+        params = {"now": now, "since": since, "limit": limit}
         ids = self._due("tasks", params, CODEC.task, self.tasks)
         self.read_next(promises=ids)
         return ids
 
-    def due_schedules(self, now: int, limit: int) -> list[str]:
-        return self._ids(Q["due_schedules"], (now, limit))
+    def due_schedules(self, now: int, limit: int, since: int = EARLIEST) -> list[str]:
+        return self._ids(Q["due_schedules"], (now, since, limit))
 
     def undrained_promises(self, limit: int) -> list[str]:
         return self._ids(Q["undrained_promises"], (limit,))

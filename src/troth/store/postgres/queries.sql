@@ -160,20 +160,21 @@ SELECT id, state, param, value, tags, timeout_at, created_at, settled_at, callba
 
 -- name: due_promises
 SELECT id, state, param, value, tags, timeout_at, created_at, settled_at, callbacks,
-    listeners FROM promises WHERE state = 'pending' AND external AND timeout_at <= %s ORDER
-    BY timeout_at, id LIMIT %s FOR UPDATE SKIP LOCKED
+    listeners FROM promises WHERE state = 'pending' AND external AND timeout_at <= %s AND
+    timeout_at >= %s::numeric ORDER BY timeout_at, id LIMIT %s FOR UPDATE SKIP LOCKED
 
 -- A task is either pending or acquired, so its one live deadline is a CASE; one
 -- query (not SQLite's UNION ALL, which cannot take FOR UPDATE) keeps the LIMIT exact.
 -- name: due_tasks
 SELECT id, state, version, ttl, pid, expires_at, retry_at, resumes FROM tasks WHERE (state =
-    'pending' AND retry_at <= %(now)s) OR (state = 'acquired' AND expires_at <= %(now)s)
-    ORDER BY CASE WHEN state = 'pending' THEN retry_at ELSE expires_at END, id LIMIT
-    %(limit)s FOR UPDATE SKIP LOCKED
+    'pending' AND retry_at <= %(now)s AND retry_at >= %(since)s::numeric) OR (state =
+    'acquired' AND expires_at <= %(now)s AND expires_at >= %(since)s::numeric) ORDER BY
+    CASE WHEN state = 'pending' THEN retry_at ELSE expires_at END, id LIMIT %(limit)s FOR
+    UPDATE SKIP LOCKED
 
 -- name: due_schedules
-SELECT id FROM schedules WHERE next_run_at <= %s ORDER BY next_run_at, id LIMIT %s FOR
-    UPDATE SKIP LOCKED
+SELECT id FROM schedules WHERE next_run_at <= %s AND next_run_at >= %s::numeric ORDER BY
+    next_run_at, id LIMIT %s FOR UPDATE SKIP LOCKED
 
 -- name: undrained_promises
 SELECT id FROM promises WHERE undrained ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED
