@@ -85,6 +85,8 @@ class EngineBase(ABC):
         clock: Callable[[], int] = wall_clock_ms,
         on_commit: Callable[[Commit], None] | None = None,
         on_timer: Callable[[int, int, float], None] | None = None,
+        on_refused: Callable[[str], None] | None = None,
+        on_clock_jump: Callable[[int], None] | None = None,
         lone_commit_here: bool = True,
         deadline: float = DEADLINE,
     ) -> None:
@@ -103,10 +105,12 @@ class EngineBase(ABC):
         self.stats = EngineStats()
         #: The limits of worker groups, kept by every job that writes (``troth/flow``).
         self.flow = Flow()
-        #: Whether the store takes writes (``engine/health.py``): ``/ready``, metrics.
-        self.health = StoreHealth()
-        #: Steps of the wall clock, as the timer notices them (``engine/clock.py``).
-        self.clock_watch = ClockWatch(clock)
+        #: Whether the store takes writes (``engine/health.py``): ``/ready``, metrics;
+        #: ``on_refused`` is told the reason of each commit the store refused.
+        self.health = StoreHealth(on_refused)
+        #: Steps of the wall clock, as the timer notices them (``engine/clock.py``);
+        #: ``on_clock_jump`` is told each step (ms).
+        self.clock_watch = ClockWatch(clock, on_jump=on_clock_jump)
         self.paused = False
         #: A batch alone commits on the event loop (``lone_commit = loop``,
         #: :meth:`_commit`), not on the writer thread.

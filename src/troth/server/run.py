@@ -90,6 +90,8 @@ def build_app(settings: Settings, store: Store | None = None) -> App:
         store,
         Config(retry_timeout=settings.retry_timeout),
         on_timer=None if tracing is None else tracing.timer,
+        on_refused=count_refused(metrics),
+        on_clock_jump=count_clock_jumps(metrics),
         lone_commit_here=settings.lone_commit == "loop",
         deadline=deadline,
     )
@@ -178,18 +180,28 @@ def build_app(settings: Settings, store: Store | None = None) -> App:
     )
 
 
-def watch_store_health(engine: Engine, metrics: Metrics) -> None:
-    """``troth_store_writable`` and ``troth_store_write_errors_total{reason}``, every
-    reason's series there from the start (engine/health.py); the steps of the wall
-    clock the timer noticed (engine/clock.py)."""
-    health = engine.health
+def count_refused(metrics: Metrics) -> Callable[[str], None]:
+    """The engine's ``on_refused``: ``troth_store_write_errors_total{reason}``, every
+    reason's series there from the start (engine/health.py)."""
     for reason in REASONS:
         metrics.inc(WRITE_ERRORS, 0, reason=reason)
-    health.count = lambda reason: metrics.inc(WRITE_ERRORS, reason=reason)
-    metrics.gauge(WRITABLE, lambda: 0.0 if health.fault is not None else 1.0)
-    watch = engine.clock_watch  # steps of the wall clock (engine/clock.py)
+    return lambda reason: metrics.inc(WRITE_ERRORS, reason=reason)
+
+
+def count_clock_jumps(metrics: Metrics) -> Callable[[int], None]:
+    """The engine's ``on_clock_jump``: ``troth_clock_jumps_total``, the steps of the
+    wall clock the timer noticed (engine/clock.py), there from the start."""
     metrics.inc("troth_clock_jumps_total", 0)
-    watch.on_jump = lambda ms: metrics.inc("troth_clock_jumps_total")
+    return lambda ms: metrics.inc("troth_clock_jumps_total")
+
+
+def watch_store_health(engine: Engine, metrics: Metrics) -> None:
+    """The gauges read from the engine when scraped: ``troth_store_writable``
+    (engine/health.py) and ``troth_clock_last_jump_seconds`` (engine/clock.py); their
+    counters are the engine's hooks (:func:`count_refused`, :func:`count_clock_jumps`)."""
+    health = engine.health
+    metrics.gauge(WRITABLE, lambda: 0.0 if health.fault is not None else 1.0)
+    watch = engine.clock_watch
     metrics.gauge("troth_clock_last_jump_seconds", lambda: watch.last_jump_ms / 1000)
 
 
