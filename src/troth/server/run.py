@@ -237,8 +237,15 @@ def tune_gc() -> None:
 
 
 def configure_logging(settings: Settings) -> None:
-    """Every line of the process in one format (``server/logs.py``)."""
-    logs.configure(settings.log_level, settings.log_format)
+    """Every line of the process in one format (``server/logs.py``); with tracing on,
+    a JSON line names the span it was logged in (``server/tracing.current_ids``:
+    OpenTelemetry is imported only then, once :func:`check_tracing` found it)."""
+    trace_ids = None
+    if settings.tracing:
+        from troth.server.tracing import current_ids
+
+        trace_ids = current_ids
+    logs.configure(settings.log_level, settings.log_format, trace_ids=trace_ids)
     if not settings.access_log:
         logging.getLogger("troth.access").setLevel(logging.WARNING)
 
@@ -248,7 +255,6 @@ def serve(settings: Settings) -> int:
     (``server/workers.py``).  A bad key or certificate is refused here, once, with one
     clear line (exit 2), before any process serves; the port is bound next, and only
     then is the database checked and migrated (:func:`check_store`), once."""
-    configure_logging(settings)
     try:
         auth = Authenticator.from_settings(
             settings.auth_publickey, settings.auth_issuer, settings.auth_audience
@@ -258,6 +264,7 @@ def serve(settings: Settings) -> int:
     except ConfigError as exc:
         print(f"troth: {exc}", file=sys.stderr)
         return 2
+    configure_logging(settings)  # after check_tracing: it may import OpenTelemetry
     announce_auth(settings, auth, logging.getLogger("troth"))
     if settings.workers > 1:
         return supervise(settings, lambda: check_store(settings), serve_on)
