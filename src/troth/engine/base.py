@@ -35,7 +35,7 @@ from troth.engine.work import Done, Item, Work
 from troth.flow.gate import Flow
 from troth.machine.internal import Config
 from troth.outbox.rows import OutboxRow
-from troth.store.base import Outcome, Overlay, Store
+from troth.store.base import BatchClaim, Outcome, Overlay, Store
 from troth.store.faults import StoreFault
 
 T = TypeVar("T")
@@ -84,6 +84,8 @@ class EngineBase(ABC):
         *,
         clock: Callable[[], int] = wall_clock_ms,
         on_commit: Callable[[Commit], None] | None = None,
+        claim_in_batch: Callable[[], BatchClaim | None] | None = None,
+        on_resume: Callable[[], None] | None = None,
         on_timer: Callable[[int, int, float], None] | None = None,
         on_refused: Callable[[str], None] | None = None,
         on_clock_jump: Callable[[int], None] | None = None,
@@ -96,7 +98,12 @@ class EngineBase(ABC):
         #: Runs on the writer thread right after every commit, before the next batch
         #: starts (metrics; delivery claims the messages written there: no queue wait).
         self.on_commit = on_commit
-        self.on_resume: Callable[[], None] | None = None
+        #: Asked on the writer thread, by a batch that wrote outbox messages, what to
+        #: claim before its COMMIT (delivery: ``DeliveryLoop.batch_claim``); handed to
+        #: every ``Store.execute``, and only a store that claims in its batches asks.
+        self.claim_in_batch = claim_in_batch
+        #: Runs when ``debug.start`` resumes the engine (delivery sweeps again).
+        self.on_resume = on_resume
         #: Told of each timer pass that fired: ``(lag_ms, fired, seconds)`` (tracing).
         self.on_timer = on_timer
         #: Runs on the writer thread after a commit that armed a deadline earlier than

@@ -86,9 +86,24 @@ def build_app(settings: Settings, store: Store | None = None) -> App:
         # A request waits out postgres_outage_wait (a failover) inside its batch; its
         # deadline leaves that wait a second to end in a commit or a 503 of its own.
         deadline = max(DEADLINE, settings.postgres_outage_wait + 1.0)
+    # A cycle: the engine's commits lead to the delivery loop, and the delivery loop
+    # is made from the engine.  The engine's hooks reach ``delivery`` when they run,
+    # and it is made below, before anything can call them (the engine calls none of
+    # them before the app starts it).
+    delivery: DeliveryLoop
+
+    def committed(commit: Commit) -> None:
+        metrics.inc("troth_commit_batches_total")
+        metrics.inc("troth_commit_jobs_total", commit.jobs)
+        if commit.messages:
+            delivery.after_commit(commit.messages, commit.claimed)
+
     engine = Engine(
         store,
         Config(retry_timeout=settings.retry_timeout),
+        on_commit=committed,
+        claim_in_batch=lambda: delivery.batch_claim(),
+        on_resume=lambda: delivery.wake(),
         on_timer=None if tracing is None else tracing.timer,
         on_refused=count_refused(metrics),
         on_clock_jump=count_clock_jumps(metrics),
@@ -123,16 +138,6 @@ def build_app(settings: Settings, store: Store | None = None) -> App:
         senders = {scheme: tracing.sender(sender) for scheme, sender in senders.items()}
     router = Router(senders, undeliverable_reporter(metrics))
     delivery = DeliveryLoop(engine, router, config, metrics)
-
-    def committed(commit: Commit) -> None:
-        metrics.inc("troth_commit_batches_total")
-        metrics.inc("troth_commit_jobs_total", commit.jobs)
-        if commit.messages:
-            delivery.after_commit(commit.messages, commit.claimed)
-
-    engine.on_commit = committed
-    store.claim_in_batch = delivery.batch_claim
-    engine.on_resume = delivery.wake
     cluster = None
     if store.shared:
         from troth.server.delivery.cluster import Cluster

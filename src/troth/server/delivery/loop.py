@@ -146,8 +146,9 @@ class DeliveryLoop:
 
     def batch_claim(self) -> BatchClaim | None:
         """On the writer thread, in a batch that wrote messages, before its COMMIT:
-        what that batch claims itself (``Store.claim_in_batch``; PostgreSQL), so that
-        :meth:`after_commit` need not; None while delivery is paused or stopping."""
+        what that batch claims itself (the engine's ``claim_in_batch``, handed to
+        ``Store.execute``; PostgreSQL), so that :meth:`after_commit` need not; None
+        while delivery is paused or stopping."""
         if self._loop is None or self._stopping or self.engine.paused:
             return None
         config = self.config
