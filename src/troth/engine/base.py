@@ -107,7 +107,9 @@ class EngineBase(ABC):
         #: Told of each timer pass that fired: ``(lag_ms, fired, seconds)`` (tracing).
         self.on_timer = on_timer
         #: Runs on the writer thread after a commit that armed a deadline earlier than
-        #: the one the timer sleeps until (the cluster tells the other nodes).
+        #: the one the timer sleeps until: the cluster tells the other nodes.  Not a
+        #: constructor argument: the cluster attaches it while this node is a member
+        #: (``server/delivery/cluster.py``, ``Cluster.start`` and ``stop``).
         self.on_deadline: Callable[[int], None] | None = None
         self.stats = EngineStats()
         #: The limits of worker groups, kept by every job that writes (``troth/flow``).

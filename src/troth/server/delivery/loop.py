@@ -136,8 +136,9 @@ class DeliveryLoop:
         self._last_maintenance = 0.0
         self._last_purge = 0.0
         self._last_reap = -math.inf
-        #: Set by the cluster (server/delivery/cluster.py): wakes other nodes for messages of a
-        #: commit that this node did not claim itself (called on the writer thread).
+        #: Wakes other nodes for messages of a commit that this node did not claim
+        #: itself (called on the writer thread).  Attached by the cluster while this
+        #: node is a member (``server/delivery/cluster.py``, ``Cluster.start``).
         self.announce: Callable[[int], None] | None = None
 
     def start(self) -> None:
