@@ -193,8 +193,8 @@ class Cluster:
 
     async def stop(self) -> None:
         """Leave: peers stop routing to this node at once, not after node_timeout.
-        The hooks :meth:`start` attached are taken back first: a node that left
-        announces nothing and publishes no stream."""
+        The hooks :meth:`start` attached are taken back before it deregisters: a
+        node that left announces nothing and publishes no stream."""
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
