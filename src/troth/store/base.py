@@ -273,9 +273,8 @@ class Store(ABC):
 
     def take_claimed(self) -> list[OutboxRow] | None:
         """The rows the last committed batch claimed (:meth:`execute`'s
-        ``claim_in_batch``), taken
-        once, in claim order; None when it claimed nothing itself (the delivery then
-        claims after the commit)."""
+        ``claim_in_batch``), taken once, in claim order; None when it claimed nothing
+        itself (the delivery then claims after the commit)."""
         return None
 
     # -- group commit ----------------------------------------------------------------
