@@ -45,7 +45,7 @@ def test_hanging_remote_is_reconciled_and_resent_until_the_task_moves_on() -> No
 def test_on_postgres_the_batch_that_writes_an_execute_claims_it(
     pg_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The claim goes in the writing batch's own transaction (``Store.claim_in_batch``):
+    """The claim goes in the writing batch's own transaction (the engine's ``claim_in_batch``):
     the delivery is handed the claimed row with the commit, and sends it."""
     handed: list[tuple[int, list[str] | None]] = []
     real = DeliveryLoop.after_commit

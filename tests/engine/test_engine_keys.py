@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -16,7 +16,7 @@ from troth.engine import Engine
 from troth.machine.core import lock_keys
 from troth.machine.internal import Config
 from troth.protocol import requests as rq
-from troth.store.base import Job, Outcome
+from troth.store.base import BatchClaim, Job, Outcome
 from troth.store.memory import MemoryStore
 from troth.store.postgres import PostgresStore
 from troth.store.sqlite import SqliteStore
@@ -30,9 +30,13 @@ class KeySpy(MemoryStore):
         self.uses_keys = uses_keys
         self.seen: list[tuple[str, ...]] = []
 
-    def execute(self, jobs: Sequence[Job[Any]]) -> list[Outcome[Any]]:
+    def execute(
+        self,
+        jobs: Sequence[Job[Any]],
+        claim_in_batch: Callable[[], BatchClaim | None] | None = None,
+    ) -> list[Outcome[Any]]:
         self.seen += [job.keys for job in jobs]
-        return super().execute(jobs)
+        return super().execute(jobs, claim_in_batch)
 
 
 def suspend() -> rq.TaskSuspend:

@@ -73,8 +73,7 @@ def test_a_change_of_reason_within_an_episode_is_logged_once() -> None:
 def test_a_step_is_told_from_drift_and_reported_once(caplog: pytest.LogCaptureFixture) -> None:
     clocks = Clocks()
     steps: list[int] = []
-    watch = ClockWatch(clocks.wall, clocks.mono)
-    watch.on_jump = steps.append
+    watch = ClockWatch(clocks.wall, clocks.mono, on_jump=steps.append)
     clocks.tick(1.0)
     assert watch.observe() == 0  # both moved alike
     clocks.wall_ms += JUMP_MS  # slewing and noise up to a second: not a step

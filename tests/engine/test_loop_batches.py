@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -55,10 +55,15 @@ def path(tmp_path: Path) -> Iterator[Path]:
     yield tmp_path / "t.db"
 
 
-def run(store: SqliteStore, body: Any, *, lone_here: bool = True) -> Any:
+def run(
+    store: SqliteStore,
+    body: Any,
+    *,
+    lone_here: bool = True,
+    on_commit: Callable[[Commit], None] | None = None,
+) -> Any:
     async def main() -> Any:
-        engine = Engine(store, Config())
-        engine.lone_commit_here = lone_here
+        engine = Engine(store, Config(), on_commit=on_commit, lone_commit_here=lone_here)
         engine.paused = True  # no timer passes: every transaction here is the test's
         await engine.start()
         try:
@@ -246,9 +251,8 @@ def test_a_failing_on_commit_hook_does_not_wedge_the_engine(path: Path, kind: st
         raise RuntimeError("hook broke")
 
     async def body(engine: Engine) -> None:
-        engine.on_commit = broken
         await engine.run(create("one"), 0)
         await asyncio.wait_for(engine.run(create("two"), 0), 10)
 
-    run(store, body)
+    run(store, body, on_commit=broken)
     assert calls == [1, 1]

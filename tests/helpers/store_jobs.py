@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from troth.protocol.records import Execute, Promise, Schedule, Task, Unblock, Value
-from troth.store.base import Job, Overlay, Store
+from troth.store.base import BatchClaim, Job, Overlay, Store
 from troth.store.outbox import settle_one
 from troth.store.sqlite import SqliteStore
 
@@ -22,9 +22,16 @@ T = TypeVar("T")
 BIG = 2**64 + 7  # beyond SQLite's 64-bit integers; the protocol's naturals are unbounded
 
 
-def run(store: Store, fn: Callable[[Overlay], T], now: int = 0) -> T:
-    """One job, one batch; re-raise its error."""
-    outcome = store.execute([Job(fn, now)])[0]
+def run(
+    store: Store,
+    fn: Callable[[Overlay], T],
+    now: int = 0,
+    *,
+    claim_in_batch: Callable[[], BatchClaim | None] | None = None,
+) -> T:
+    """One job, one batch (asking ``claim_in_batch`` what to claim in it, as the
+    engine asks the delivery); re-raise its error."""
+    outcome = store.execute([Job(fn, now)], claim_in_batch)[0]
     if outcome.error is not None:
         raise outcome.error
     return outcome.value  # type: ignore[return-value]

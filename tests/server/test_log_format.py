@@ -179,3 +179,18 @@ def test_the_handler_writes_to_the_stderr_of_the_moment(monkeypatch: pytest.Monk
         root.setLevel(saved[1])
     assert "after the swap" in second.getvalue()
     assert PLAIN.match(second.getvalue())
+
+
+def test_a_json_line_names_the_span_its_formatter_was_given() -> None:
+    """The JSON formatter reads trace ids from the source it was configured with
+    (``server/tracing.current_ids`` when tracing is on); without one, or outside a
+    span, a line has no ``traceId``."""
+    import logging
+
+    from troth.server.logs import JsonFormatter
+
+    record = logging.LogRecord("troth.test", logging.INFO, __file__, 1, "hello", None, None)
+    traced = json.loads(JsonFormatter(lambda: ("a" * 32, "b" * 16)).format(record))
+    assert (traced["traceId"], traced["spanId"]) == ("a" * 32, "b" * 16)
+    assert "traceId" not in json.loads(JsonFormatter(lambda: None).format(record))
+    assert "traceId" not in json.loads(JsonFormatter().format(record))

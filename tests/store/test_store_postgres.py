@@ -568,10 +568,13 @@ def test_a_batch_that_writes_messages_claims_them_before_its_commit(
         asked.append(1)
         return BatchClaim("w", 0, 2, f"tok{len(asked)}")
 
-    store.claim_in_batch = ask
-    run(store, lambda tx: tx.get_promise("p"))  # writes no message: asks nothing
+    run(store, lambda tx: tx.get_promise("p"), claim_in_batch=ask)  # no message: not asked
     assert asked == [] and store.take_claimed() is None
-    run(store, lambda tx: [tx.set_message("poll://any@g", Execute(f"t{i}", 0)) for i in range(3)])
+    run(
+        store,
+        lambda tx: [tx.set_message("poll://any@g", Execute(f"t{i}", 0)) for i in range(3)],
+        claim_in_batch=ask,
+    )
     claimed = store.take_claimed()
     assert claimed is not None and [r.id for r in claimed] == [1, 2]  # the limit, in order
     assert all(r.state == RowState.DISPATCHING and r.claim_token == "tok1" for r in claimed)
@@ -590,11 +593,14 @@ def test_an_execute_claimed_in_its_batch_replaces_its_tasks_pending_one(
 ) -> None:
     """One pending ``execute`` per task: a newer one, inserted claimed, takes the place
     of the one still pending (the task existed before the batch)."""
-    store.claim_in_batch = lambda: None
     run(store, lambda tx: tx.set_message("poll://any@g", Execute("t", 0)))
     assert _outbox_states(pg_url) == {1: ("pending", None)}
-    store.claim_in_batch = lambda: BatchClaim("w", 0, 8, "tok")
-    run(store, lambda tx: tx.set_message("poll://any@g", Execute("t", 1)))
+    claim = BatchClaim("w", 0, 8, "tok")
+    run(
+        store,
+        lambda tx: tx.set_message("poll://any@g", Execute("t", 1)),
+        claim_in_batch=lambda: claim,
+    )
     assert _outbox_states(pg_url) == {2: ("dispatching", "tok")}
 
 
@@ -603,14 +609,14 @@ def test_the_execute_of_a_task_its_batch_created_is_inserted_claimed_without_a_d
 ) -> None:
     """No pending row can share the key of a task's first ``execute``: the batch does
     not look for one (that look walks the dead entries a held horizon leaves)."""
-    store.claim_in_batch = lambda: BatchClaim("w", 0, 8, "tok")
 
     def create(tx: Overlay) -> None:
         assert tx.get_task("fresh") is None
         tx.set_task(Task("fresh", "pending", 0))
         tx.set_message("poll://any@g", Execute("fresh", 0))
 
-    _, sent = _traced(store, [Job(create, 0)], tmp_path)
+    claim = BatchClaim("w", 0, 8, "tok")
+    _, sent = _traced(store, [Job(create, 0)], tmp_path, claim_in_batch=lambda: claim)
     assert any("INSERT INTO outbox" in line for line in sent), sent
     assert not any("DELETE FROM outbox" in line for line in sent), sent
     assert _outbox_states(pg_url) == {1: ("dispatching", "tok")}
@@ -621,31 +627,45 @@ def test_a_failing_claim_in_a_batch_costs_the_batch_nothing(
 ) -> None:
     # A negative LIMIT fails the claim's statement inside the batch's transaction:
     # the batch runs again without the claim, and its writes commit.
-    store.claim_in_batch = lambda: BatchClaim("w", 0, -1, "bad")
-    run(store, lambda tx: tx.set_message("poll://any@g", Execute("t", 0)))
+    bad = BatchClaim("w", 0, -1, "bad")
+    run(
+        store,
+        lambda tx: tx.set_message("poll://any@g", Execute("t", 0)),
+        claim_in_batch=lambda: bad,
+    )
     assert store.take_claimed() is None and store.reruns == 1
     assert list(_outbox_states(pg_url).values()) == [("pending", None)]
-    # Nor does a delivery that cannot say what to claim.
-    store.claim_in_batch = lambda: 1 // 0  # type: ignore[assignment,return-value]
-    run(store, lambda tx: tx.set_message("poll://any@g", Execute("u", 0)))
+
+    def broken() -> BatchClaim | None:  # nor does a delivery that cannot say what to claim
+        raise ZeroDivisionError
+
+    run(store, lambda tx: tx.set_message("poll://any@g", Execute("u", 0)), claim_in_batch=broken)
     assert store.take_claimed() is None and len(_outbox_states(pg_url)) == 2
 
 
 def test_a_batch_whose_claim_is_declined_claims_nothing(pg_url: str, store: PostgresStore) -> None:
-    store.claim_in_batch = lambda: None  # delivery paused or stopping
-    run(store, lambda tx: tx.set_message("poll://any@g", Execute("t", 0)))
+    def declined() -> BatchClaim | None:  # delivery paused or stopping
+        return None
+
+    run(store, lambda tx: tx.set_message("poll://any@g", Execute("t", 0)), claim_in_batch=declined)
     assert store.take_claimed() is None
     assert _outbox_states(pg_url) == {1: ("pending", None)}
 
 
-def _traced(store: PostgresStore, jobs: list[Job[Any]], tmp: Path) -> tuple[list[Any], list[str]]:
+def _traced(
+    store: PostgresStore,
+    jobs: list[Job[Any]],
+    tmp: Path,
+    *,
+    claim_in_batch: Callable[[], BatchClaim | None] | None = None,
+) -> tuple[list[Any], list[str]]:
     """One batch's answers (none failed), and the messages the writer's connection
     sent for it."""
     trace = tmp / "pq.trace"
     with trace.open("w") as f:
         store.conn.pgconn.trace(f.fileno())
         try:
-            outcomes = store.execute(jobs)
+            outcomes = store.execute(jobs, claim_in_batch)
         finally:
             store.conn.pgconn.untrace()
     assert all(o.error is None for o in outcomes)
@@ -990,10 +1010,13 @@ def test_a_batch_inserts_its_messages_claimed_as_a_claim_would_leave_them(
 ) -> None:
     """The batch's own messages go in already claimed (no claim statement, no second
     version of each row); an older pending row is left for the delivery's sweep."""
-    store.claim_in_batch = lambda: None
     run(store, lambda tx: tx.set_message("poll://any@g", Execute("t0", 0)))  # row 1, pending
-    store.claim_in_batch = lambda: BatchClaim("w", 0, 10, "tok")
-    run(store, lambda tx: [tx.set_message("poll://any@g", Execute(f"t{i}", 0)) for i in (1, 2)])
+    claim = BatchClaim("w", 0, 10, "tok")
+    run(
+        store,
+        lambda tx: [tx.set_message("poll://any@g", Execute(f"t{i}", 0)) for i in (1, 2)],
+        claim_in_batch=lambda: claim,
+    )
     claimed = store.take_claimed()
     assert claimed is not None and [r.id for r in claimed] == [2, 3]
     assert [r.entry.message for r in claimed] == [Execute("t1", 0), Execute("t2", 0)]
@@ -1003,7 +1026,6 @@ def test_a_batch_inserts_its_messages_claimed_as_a_claim_would_leave_them(
         3: ("dispatching", "tok"),
     }
     # Row for row what a claim after the commit leaves (row 4 goes that way).
-    store.claim_in_batch = lambda: None
     run(store, lambda tx: tx.set_message("poll://any@g", Execute("t3", 0)))
     later = store.outbox.claim_due("w", 0, 10, "tok")
     assert [r.id for r in later] == [1, 4]
@@ -1019,10 +1041,13 @@ def test_a_batch_inserts_its_messages_claimed_as_a_claim_would_leave_them(
 def test_a_message_claimed_on_insert_replaces_the_pending_row_of_its_key(
     pg_url: str, store: PostgresStore
 ) -> None:
-    store.claim_in_batch = lambda: None
     run(store, lambda tx: tx.set_message("poll://any@g", Execute("t", 0)))
-    store.claim_in_batch = lambda: BatchClaim("w", 0, 10, "tok")
-    run(store, lambda tx: tx.set_message("poll://any@g", Execute("t", 1)))
+    claim = BatchClaim("w", 0, 10, "tok")
+    run(
+        store,
+        lambda tx: tx.set_message("poll://any@g", Execute("t", 1)),
+        claim_in_batch=lambda: claim,
+    )
     claimed = store.take_claimed()
     assert claimed is not None and [(r.id, r.entry.message) for r in claimed] == [
         (2, Execute("t", 1))
@@ -1037,12 +1062,10 @@ def test_messages_not_all_this_nodes_to_take_go_to_the_claim_statement(
     this node does not hold: the claim statement decides, and takes older due rows
     with them."""
     store.outbox.routing = Routing("n1", 5_000, lambda: (["g"], ["h/w1"]))
-    store.claim_in_batch = lambda: None
     run(store, lambda tx: tx.set_message("poll://any@far", Execute("old", 0)))  # row 1
 
     def claim_of(address: str, id: str, claim: BatchClaim) -> list[int]:
-        store.claim_in_batch = lambda: claim
-        run(store, lambda tx: tx.set_message(address, Execute(id, 0)))
+        run(store, lambda tx: tx.set_message(address, Execute(id, 0)), claim_in_batch=lambda: claim)
         claimed = store.take_claimed()
         assert claimed is not None
         return [r.id for r in claimed]
@@ -1064,7 +1087,7 @@ def test_a_failed_write_beside_a_claim_is_still_pinned_on_its_job(
     runs again without the claim, then writing job by job: only the job that wrote
     it fails, its neighbours commit (their messages left for the claim after the
     commit)."""
-    store.claim_in_batch = lambda: BatchClaim("w", 0, 10, "tok")
+    claim = BatchClaim("w", 0, 10, "tok")
     huge = "".join(random.Random(7).choices(string.ascii_letters, k=20_000))
 
     def write(id: str) -> Callable[[Overlay], str]:
@@ -1075,7 +1098,8 @@ def test_a_failed_write_beside_a_claim_is_still_pinned_on_its_job(
 
         return job
 
-    outcomes = store.execute([Job(write("a"), 0), Job(write(huge), 0), Job(write("c"), 0)])
+    jobs = [Job(write("a"), 0), Job(write(huge), 0), Job(write("c"), 0)]
+    outcomes = store.execute(jobs, lambda: claim)
     assert [o.value for o in outcomes] == ["a", None, "c"]
     assert isinstance(outcomes[1].error, psycopg.Error)
     assert store.take_claimed() is None and store.reruns == 3  # unclaimed, careful, without

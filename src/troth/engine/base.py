@@ -35,7 +35,7 @@ from troth.engine.work import Done, Item, Work
 from troth.flow.gate import Flow
 from troth.machine.internal import Config
 from troth.outbox.rows import OutboxRow
-from troth.store.base import Outcome, Overlay, Store
+from troth.store.base import BatchClaim, Outcome, Overlay, Store
 from troth.store.faults import StoreFault
 
 T = TypeVar("T")
@@ -84,7 +84,11 @@ class EngineBase(ABC):
         *,
         clock: Callable[[], int] = wall_clock_ms,
         on_commit: Callable[[Commit], None] | None = None,
+        claim_in_batch: Callable[[], BatchClaim | None] | None = None,
+        on_resume: Callable[[], None] | None = None,
         on_timer: Callable[[int, int, float], None] | None = None,
+        on_refused: Callable[[str], None] | None = None,
+        on_clock_jump: Callable[[int], None] | None = None,
         lone_commit_here: bool = True,
         deadline: float = DEADLINE,
     ) -> None:
@@ -94,19 +98,28 @@ class EngineBase(ABC):
         #: Runs on the writer thread right after every commit, before the next batch
         #: starts (metrics; delivery claims the messages written there: no queue wait).
         self.on_commit = on_commit
-        self.on_resume: Callable[[], None] | None = None
+        #: Asked on the writer thread, by a batch that wrote outbox messages, what to
+        #: claim before its COMMIT (delivery: ``DeliveryLoop.batch_claim``); handed to
+        #: every ``Store.execute``, and only a store that claims in its batches asks.
+        self.claim_in_batch = claim_in_batch
+        #: Runs when ``debug.start`` resumes the engine (delivery sweeps again).
+        self.on_resume = on_resume
         #: Told of each timer pass that fired: ``(lag_ms, fired, seconds)`` (tracing).
         self.on_timer = on_timer
         #: Runs on the writer thread after a commit that armed a deadline earlier than
-        #: the one the timer sleeps until (the cluster tells the other nodes).
+        #: the one the timer sleeps until: the cluster tells the other nodes.  Not a
+        #: constructor argument: the cluster attaches it while this node is a member
+        #: (``server/delivery/cluster.py``, ``Cluster.start`` and ``stop``).
         self.on_deadline: Callable[[int], None] | None = None
         self.stats = EngineStats()
         #: The limits of worker groups, kept by every job that writes (``troth/flow``).
         self.flow = Flow()
-        #: Whether the store takes writes (``engine/health.py``): ``/ready``, metrics.
-        self.health = StoreHealth()
-        #: Steps of the wall clock, as the timer notices them (``engine/clock.py``).
-        self.clock_watch = ClockWatch(clock)
+        #: Whether the store takes writes (``engine/health.py``): ``/ready``, metrics;
+        #: ``on_refused`` is told the reason of each commit the store refused.
+        self.health = StoreHealth(on_refused)
+        #: Steps of the wall clock, as the timer notices them (``engine/clock.py``);
+        #: ``on_clock_jump`` is told each step (ms).
+        self.clock_watch = ClockWatch(clock, on_jump=on_clock_jump)
         self.paused = False
         #: A batch alone commits on the event loop (``lone_commit = loop``,
         #: :meth:`_commit`), not on the writer thread.

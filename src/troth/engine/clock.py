@@ -35,6 +35,7 @@ class ClockWatch:
         self,
         wall: Callable[[], int],
         monotonic: Callable[[], float] = time.monotonic,
+        on_jump: Callable[[int], None] | None = None,
     ) -> None:
         self.wall = wall
         self.monotonic = monotonic
@@ -45,7 +46,7 @@ class ClockWatch:
         #: deadlines it skipped over are not "late" before it.
         self.stepped_at = 0
         #: Called with each step (ms): the metrics' counter.
-        self.on_jump: Callable[[int], None] | None = None
+        self.on_jump = on_jump
         self._offset = self._read()
 
     def _read(self) -> float:

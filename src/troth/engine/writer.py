@@ -124,7 +124,7 @@ class Writer(EngineBase):
     def _run_batch(self, works: list[Work]) -> None:
         jobs = [w.job for w in works if w.job is not None]
         try:
-            outcomes = self.store.execute(jobs)
+            outcomes = self.store.execute(jobs, self.claim_in_batch)
         except BaseException as exc:  # the store itself broke: fail the batch
             self._log_failed(exc, "batch of %d failed", len(works))
             outcomes = [Outcome(error=exc) for _ in works]

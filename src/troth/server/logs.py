@@ -38,14 +38,23 @@ QUIET = ("httpx", "httpcore")
 FIELDS = "troth_fields"
 
 _encode = msgspec.json.Encoder().encode
-#: The current span's ``(traceId, spanId)`` when tracing is on (server/tracing.py).
-trace_ids: Callable[[], tuple[str, str] | None] | None = None
+#: The current span's ``(traceId, spanId)``, or None outside a span.
+TraceIds = Callable[[], tuple[str, str] | None]
 
 
 class JsonFormatter(logging.Formatter):
     """One JSON object a line: ``time`` (RFC 3339, UTC, milliseconds), ``level``,
-    ``logger``, ``message``; the fields an access line carries; ``exception`` (the
-    traceback as text) when the record has one."""
+    ``logger``, ``message``; ``traceId`` and ``spanId`` when ``trace_ids`` (tracing
+    on: ``server/tracing.current_ids``) names a span; the fields an access line
+    carries; ``exception`` (the traceback as text) when the record has one.
+
+    The formatter is given its source of trace ids when logging is configured, not
+    told later by tracing: whoever configures the process's logging knows whether
+    tracing is on, and a formatter made without it never asks."""
+
+    def __init__(self, trace_ids: TraceIds | None = None) -> None:
+        super().__init__()
+        self.trace_ids = trace_ids
 
     def format(self, record: logging.LogRecord) -> str:
         seconds = int(record.created)
@@ -56,6 +65,7 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
+        trace_ids = self.trace_ids
         if trace_ids is not None and (ids := trace_ids()) is not None:
             out["traceId"], out["spanId"] = ids
         fields = getattr(record, FIELDS, None)
@@ -88,18 +98,27 @@ class StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
         """Ignored: the stream is always the current ``sys.stderr``."""
 
 
-def formatter(log_format: str) -> logging.Formatter:
+def formatter(log_format: str, trace_ids: TraceIds | None = None) -> logging.Formatter:
+    """The formatter of ``log_format``; ``trace_ids`` is read by the JSON one only
+    (the plain line is unchanged since the first release)."""
     if log_format == "json":
-        return JsonFormatter()
+        return JsonFormatter(trace_ids)
     return logging.Formatter(PLAIN)
 
 
-def configure(level: str, log_format: str, stream: IO[str] | None = None) -> logging.Handler:
+def configure(
+    level: str,
+    log_format: str,
+    stream: IO[str] | None = None,
+    *,
+    trace_ids: TraceIds | None = None,
+) -> logging.Handler:
     """Install the one handler (on stderr) every logger of the process writes
     through, replacing any the root logger had; uvicorn's loggers keep no handler of
-    their own and propagate to it."""
+    their own and propagate to it.  ``trace_ids``: the current span's ids, for JSON
+    lines (tracing on)."""
     handler: logging.Handler = StderrHandler() if stream is None else logging.StreamHandler(stream)
-    handler.setFormatter(formatter(log_format))
+    handler.setFormatter(formatter(log_format, trace_ids))
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

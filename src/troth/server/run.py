@@ -86,10 +86,27 @@ def build_app(settings: Settings, store: Store | None = None) -> App:
         # A request waits out postgres_outage_wait (a failover) inside its batch; its
         # deadline leaves that wait a second to end in a commit or a 503 of its own.
         deadline = max(DEADLINE, settings.postgres_outage_wait + 1.0)
+    # A cycle: the engine's commits lead to the delivery loop, and the delivery loop
+    # is made from the engine.  The engine's hooks reach ``delivery`` when they run,
+    # and it is made below, before anything can call them (the engine calls none of
+    # them before the app starts it).
+    delivery: DeliveryLoop
+
+    def committed(commit: Commit) -> None:
+        metrics.inc("troth_commit_batches_total")
+        metrics.inc("troth_commit_jobs_total", commit.jobs)
+        if commit.messages:
+            delivery.after_commit(commit.messages, commit.claimed)
+
     engine = Engine(
         store,
         Config(retry_timeout=settings.retry_timeout),
+        on_commit=committed,
+        claim_in_batch=lambda: delivery.batch_claim(),
+        on_resume=lambda: delivery.wake(),
         on_timer=None if tracing is None else tracing.timer,
+        on_refused=count_refused(metrics),
+        on_clock_jump=count_clock_jumps(metrics),
         lone_commit_here=settings.lone_commit == "loop",
         deadline=deadline,
     )
@@ -121,16 +138,6 @@ def build_app(settings: Settings, store: Store | None = None) -> App:
         senders = {scheme: tracing.sender(sender) for scheme, sender in senders.items()}
     router = Router(senders, undeliverable_reporter(metrics))
     delivery = DeliveryLoop(engine, router, config, metrics)
-
-    def committed(commit: Commit) -> None:
-        metrics.inc("troth_commit_batches_total")
-        metrics.inc("troth_commit_jobs_total", commit.jobs)
-        if commit.messages:
-            delivery.after_commit(commit.messages, commit.claimed)
-
-    engine.on_commit = committed
-    store.claim_in_batch = delivery.batch_claim
-    engine.on_resume = delivery.wake
     cluster = None
     if store.shared:
         from troth.server.delivery.cluster import Cluster
@@ -178,18 +185,28 @@ def build_app(settings: Settings, store: Store | None = None) -> App:
     )
 
 
-def watch_store_health(engine: Engine, metrics: Metrics) -> None:
-    """``troth_store_writable`` and ``troth_store_write_errors_total{reason}``, every
-    reason's series there from the start (engine/health.py); the steps of the wall
-    clock the timer noticed (engine/clock.py)."""
-    health = engine.health
+def count_refused(metrics: Metrics) -> Callable[[str], None]:
+    """The engine's ``on_refused``: ``troth_store_write_errors_total{reason}``, every
+    reason's series there from the start (engine/health.py)."""
     for reason in REASONS:
         metrics.inc(WRITE_ERRORS, 0, reason=reason)
-    health.count = lambda reason: metrics.inc(WRITE_ERRORS, reason=reason)
-    metrics.gauge(WRITABLE, lambda: 0.0 if health.fault is not None else 1.0)
-    watch = engine.clock_watch  # steps of the wall clock (engine/clock.py)
+    return lambda reason: metrics.inc(WRITE_ERRORS, reason=reason)
+
+
+def count_clock_jumps(metrics: Metrics) -> Callable[[int], None]:
+    """The engine's ``on_clock_jump``: ``troth_clock_jumps_total``, the steps of the
+    wall clock the timer noticed (engine/clock.py), there from the start."""
     metrics.inc("troth_clock_jumps_total", 0)
-    watch.on_jump = lambda ms: metrics.inc("troth_clock_jumps_total")
+    return lambda ms: metrics.inc("troth_clock_jumps_total")
+
+
+def watch_store_health(engine: Engine, metrics: Metrics) -> None:
+    """The gauges read from the engine when scraped: ``troth_store_writable``
+    (engine/health.py) and ``troth_clock_last_jump_seconds`` (engine/clock.py); their
+    counters are the engine's hooks (:func:`count_refused`, :func:`count_clock_jumps`)."""
+    health = engine.health
+    metrics.gauge(WRITABLE, lambda: 0.0 if health.fault is not None else 1.0)
+    watch = engine.clock_watch
     metrics.gauge("troth_clock_last_jump_seconds", lambda: watch.last_jump_ms / 1000)
 
 
@@ -225,8 +242,15 @@ def tune_gc() -> None:
 
 
 def configure_logging(settings: Settings) -> None:
-    """Every line of the process in one format (``server/logs.py``)."""
-    logs.configure(settings.log_level, settings.log_format)
+    """Every line of the process in one format (``server/logs.py``); with tracing on,
+    a JSON line names the span it was logged in (``server/tracing.current_ids``:
+    OpenTelemetry is imported only then, once :func:`check_tracing` found it)."""
+    trace_ids = None
+    if settings.tracing:
+        from troth.server.tracing import current_ids
+
+        trace_ids = current_ids
+    logs.configure(settings.log_level, settings.log_format, trace_ids=trace_ids)
     if not settings.access_log:
         logging.getLogger("troth.access").setLevel(logging.WARNING)
 
@@ -236,7 +260,6 @@ def serve(settings: Settings) -> int:
     (``server/workers.py``).  A bad key or certificate is refused here, once, with one
     clear line (exit 2), before any process serves; the port is bound next, and only
     then is the database checked and migrated (:func:`check_store`), once."""
-    configure_logging(settings)
     try:
         auth = Authenticator.from_settings(
             settings.auth_publickey, settings.auth_issuer, settings.auth_audience
@@ -246,6 +269,7 @@ def serve(settings: Settings) -> int:
     except ConfigError as exc:
         print(f"troth: {exc}", file=sys.stderr)
         return 2
+    configure_logging(settings)  # after check_tracing: it may import OpenTelemetry
     announce_auth(settings, auth, logging.getLogger("troth"))
     if settings.workers > 1:
         return supervise(settings, lambda: check_store(settings), serve_on)

@@ -63,7 +63,6 @@ from troth.outbox.types import Completed, Dispatched, OutboxSender
 from troth.protocol import requests as rq
 from troth.protocol.records import TAG_PARENT, Execute
 from troth.protocol.requests import BadRequest, decode_data
-from troth.server import logs
 from troth.server.ingress.envelope import Admitted, Answer, Answered
 from troth.store.base import Overlay, ReadOnly, Store
 from troth.store.retention import Swept
@@ -483,7 +482,8 @@ def inject(headers: dict[str, str]) -> None:
 
 
 def current_ids() -> tuple[str, str] | None:
-    """The current span's trace and span ids in hex (the JSON log format's hook)."""
+    """The current span's trace and span ids in hex (the JSON log format's
+    ``trace_ids``, ``server/logs.py``)."""
     context = trace.get_current_span().get_span_context()
     if not context.is_valid:
         return None
@@ -501,11 +501,11 @@ def reader(store: Store) -> Callable[[str], Awaitable[str | None]]:
 
 
 def enable(node: str, store: Store) -> Tracing:
-    """Tracing for this process: the exporter from the standard variables, stored
-    traces read from ``store`` off the request path, and trace ids in JSON log
-    lines."""
+    """Tracing for this process: the exporter from the standard variables, and stored
+    traces read from ``store`` off the request path.  (Trace ids in JSON log lines
+    are the formatter's, given :func:`current_ids` when logging is configured:
+    ``server/run.configure_logging``.)"""
     tracing = Tracing(node, lookup=reader(store))
-    logs.trace_ids = current_ids
     log.info(
         "tracing on: spans to %s as service %s",
         redact.url(

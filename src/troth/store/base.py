@@ -128,8 +128,9 @@ def read_only(
 @dataclass(frozen=True, slots=True)
 class BatchClaim:
     """A claim of due outbox rows made inside a batch's own transaction, just before
-    its COMMIT (``Store.claim_in_batch``): as the dispatcher's claim after a commit
-    (``OutboxLifecycle.claim_due``), without a transaction and round trips of its own."""
+    its COMMIT (:meth:`Store.execute`'s ``claim_in_batch``): as the dispatcher's claim
+    after a commit (``OutboxLifecycle.claim_due``), without a transaction and round
+    trips of its own."""
 
     worker_id: str
     now: int
@@ -150,10 +151,6 @@ class Store(ABC):
     uses_keys: bool = False
     #: The outbox-row lifecycle the dispatcher works through.
     outbox: OutboxLifecycle
-    #: Set by the server's delivery: asked, on the writer thread, by a batch that
-    #: wrote outbox messages, what to claim before its COMMIT (None: claim nothing
-    #: now).  Only a store that overrides :meth:`take_claimed` (PostgreSQL) asks.
-    claim_in_batch: Callable[[], BatchClaim | None] | None = None
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -275,9 +272,9 @@ class Store(ABC):
         """Release resources."""
 
     def take_claimed(self) -> list[OutboxRow] | None:
-        """The rows the last committed batch claimed (:attr:`claim_in_batch`), taken
-        once, in claim order; None when it claimed nothing itself (the delivery then
-        claims after the commit)."""
+        """The rows the last committed batch claimed (:meth:`execute`'s
+        ``claim_in_batch``), taken once, in claim order; None when it claimed nothing
+        itself (the delivery then claims after the commit)."""
         return None
 
     # -- group commit ----------------------------------------------------------------
@@ -297,11 +294,21 @@ class Store(ABC):
     #: context switches (docs/performance-notes.md).  Only the fsync in COMMIT waits.
     loop_batches: bool = False
 
-    def execute(self, jobs: Sequence[Job[Any]]) -> list[Outcome[Any]]:
+    def execute(
+        self,
+        jobs: Sequence[Job[Any]],
+        claim_in_batch: Callable[[], BatchClaim | None] | None = None,
+    ) -> list[Outcome[Any]]:
         """Run every job in its own overlay, in order, in one transaction; commit once.
 
         A job that raises is discarded alone.  If the commit itself fails, every job
         of the batch gets that error (nothing of the batch was acknowledged).
+
+        ``claim_in_batch`` (the engine's, from the delivery) is asked, on the calling
+        thread, by a batch that wrote outbox messages what to claim before its COMMIT
+        (None: claim nothing now).  Only a store that overrides :meth:`take_claimed`
+        (PostgreSQL) asks; given per call, it costs the batch an argument, and a store
+        holds no hook that someone must remember to set.
         """
         with self.lock:
             try:

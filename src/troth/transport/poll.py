@@ -16,10 +16,11 @@ import asyncio
 import itertools
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Final
 
+from troth.asgi_types import Send
 from troth.outbox import codes
 from troth.outbox.rows import OutboxRow
 from troth.outbox.types import Completed, Dispatched, Permanent, Retryable, Unknown
@@ -37,9 +38,6 @@ class Delivery:
     payload: bytes
     done: asyncio.Future[bool]
 
-
-#: An ASGI ``send``: what :meth:`Connection.pump` writes a stream's frames with.
-Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 KEEPALIVE: Final = b": keepalive\n\n"
 

@@ -17,11 +17,10 @@ the dashboard costs the request path nothing but one more ``elif`` after ``POST 
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, MutableMapping
 from importlib.resources import files
-from typing import Any, Final
+from typing import Final
 
-Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+from troth.asgi_types import Send
 
 #: Path under ``/ui/`` → (file in ``static/``, content type).
 FILES: Final = {

@@ -105,7 +105,20 @@ class Horizon:
 
 
 class Cluster:
-    """One node's membership: presence, heartbeat, dead-node reaping, LISTEN."""
+    """One node's membership: presence, heartbeat, dead-node reaping, LISTEN.
+
+    Unlike the engine's and the delivery's hooks, which they are given when they are
+    made (``server/run.build_app``), the cluster's are attached by :meth:`start` and
+    taken back by :meth:`stop`: the store's claim routing, the delivery's
+    ``announce``, the engine's ``on_deadline`` and the registry's ``on_change``.
+    That is the membership's own lifecycle, not wiring put off: the node is a member
+    only from its registration to its leave, and announcing messages or deadlines to
+    peers, or publishing streams, means something only in between.  The objects it
+    attaches to are made first and work alone (a node of its own has no cluster, and
+    their hooks stay None: one ``is not None`` on the writer thread); giving them the
+    hooks at construction would take late-bound calls into an object that may not
+    exist, and a "joined" flag each hook checks, for what start and stop say now.
+    """
 
     def __init__(
         self,
@@ -149,7 +162,8 @@ class Cluster:
     # -- lifecycle --------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Register, route claims through this node's reach, start listening."""
+        """Register, route claims through this node's reach, attach the membership's
+        hooks (see the class), start listening."""
         async with self._lock:
             conn = await self._writer()
             await conn.execute(_Q["node_register"], self._registration())
@@ -178,7 +192,9 @@ class Cluster:
         log.info("node %s joined (node_timeout %.1f s)", self.node, self.node_timeout)
 
     async def stop(self) -> None:
-        """Leave: peers stop routing to this node at once, not after node_timeout."""
+        """Leave: peers stop routing to this node at once, not after node_timeout.
+        The hooks :meth:`start` attached are taken back before it deregisters: a
+        node that left announces nothing and publishes no stream."""
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:

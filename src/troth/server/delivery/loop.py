@@ -136,8 +136,9 @@ class DeliveryLoop:
         self._last_maintenance = 0.0
         self._last_purge = 0.0
         self._last_reap = -math.inf
-        #: Set by the cluster (server/delivery/cluster.py): wakes other nodes for messages of a
-        #: commit that this node did not claim itself (called on the writer thread).
+        #: Wakes other nodes for messages of a commit that this node did not claim
+        #: itself (called on the writer thread).  Attached by the cluster while this
+        #: node is a member (``server/delivery/cluster.py``, ``Cluster.start``).
         self.announce: Callable[[int], None] | None = None
 
     def start(self) -> None:
@@ -146,8 +147,9 @@ class DeliveryLoop:
 
     def batch_claim(self) -> BatchClaim | None:
         """On the writer thread, in a batch that wrote messages, before its COMMIT:
-        what that batch claims itself (``Store.claim_in_batch``; PostgreSQL), so that
-        :meth:`after_commit` need not; None while delivery is paused or stopping."""
+        what that batch claims itself (the engine's ``claim_in_batch``, handed to
+        ``Store.execute``; PostgreSQL), so that :meth:`after_commit` need not; None
+        while delivery is paused or stopping."""
         if self._loop is None or self._stopping or self.engine.paused:
             return None
         config = self.config

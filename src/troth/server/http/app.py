@@ -18,6 +18,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 
 from troth import PROTOCOL_VERSION
+from troth.asgi_types import Receive, Scope, Send
 from troth.engine import Engine
 from troth.flow.limits import parse_limits
 from troth.protocol.envelope import encode_response
@@ -30,9 +31,6 @@ from troth.server.http.asgi import (
     RETRY_AFTER,
     BodyTooLarge,
     ClientGone,
-    Receive,
-    Scope,
-    Send,
     read_body,
     refuse,
     respond,

@@ -7,17 +7,10 @@ httptools path (``server/http/direct.py``), which must write the very same heads
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
-
 import msgspec
 
+from troth.asgi_types import Receive, Scope, Send
 from troth.server.ingress.auth import Denied
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 
 JSON = [(b"content-type", b"application/json")]
 #: What a 503 answer to an envelope adds: the store refuses writes for now (full,

@@ -19,11 +19,9 @@ worker) pays one scan of its headers.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, MutableMapping
-from typing import Any
+from collections.abc import Iterable
 
-Message = MutableMapping[str, Any]
-Send = Callable[[Message], Awaitable[None]]
+from troth.asgi_types import Message, Send
 
 #: Seconds a browser may cache a preflight answer (Chromium caps it at 7200).
 MAX_AGE = 3600

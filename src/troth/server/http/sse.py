@@ -14,11 +14,12 @@ from collections.abc import Callable
 
 import msgspec
 
+from troth.asgi_types import Receive, Send
 from troth.plural import counted
 from troth.server.delivery.bounces import BounceTracker
 from troth.server.delivery.cluster import Cluster
 from troth.server.delivery.loop import DeliveryLoop
-from troth.server.http.asgi import Receive, Send, send_bytes
+from troth.server.http.asgi import send_bytes
 from troth.server.logs import Throttled
 from troth.store.outbox import REVIVE_WINDOW
 from troth.transport.poll import Full, Registry

@@ -1,11 +1,11 @@
 """Messages inserted already claimed: when a batch's own messages skip the claim.
 
 A batch that claims due outbox rows just before its COMMIT (``BatchClaim``,
-``Store.claim_in_batch``) would insert its messages pending and then update each to
-dispatching.  When that claim would take exactly these rows, the insert writes them
-claimed instead (``PostgresBackend.claim_on_insert``): one statement fewer on the
-batch's path, and no dead row version each (docs/performance-notes.md, "Messages
-inserted claimed").
+``Store.execute``'s ``claim_in_batch``) would insert its messages pending and then
+update each to dispatching.  When that claim would take exactly these rows, the
+insert writes them claimed instead (``PostgresBackend.claim_on_insert``): one
+statement fewer on the batch's path, and no dead row version each
+(docs/performance-notes.md, "Messages inserted claimed").
 """
 
 from __future__ import annotations

@@ -148,26 +148,31 @@ class PostgresStore(Session, Store):
 
     # -- group commit ----------------------------------------------------------------------
 
-    def execute(self, jobs: Sequence[Job[Any]]) -> list[Outcome[Any]]:
+    def execute(
+        self,
+        jobs: Sequence[Job[Any]],
+        claim_in_batch: Callable[[], BatchClaim | None] | None = None,
+    ) -> list[Outcome[Any]]:
         """Group commit as in :meth:`Store.execute`, re-run whole on conflicts.
 
         Every attempt starts from a new transaction and fresh overlays; a job set
         aside (its reads or writes failed for a reason a re-run cannot cure) keeps
         its error and is skipped by later attempts.  Each such job costs one re-run,
-        which does not count against ``max_attempts``.
+        which does not count against ``max_attempts``.  A batch whose claim failed
+        runs again without ``claim_in_batch``.
         """
         with self.lock:
             aside: dict[int, BaseException] = {}
             prelock: Touched | None = None
             failures = 0
             careful = False
-            claiming = True
+            ask = claim_in_batch
             self._claimed = None
             unreachable_since: float | None = None
             while True:
                 try:
                     try:
-                        outcomes = self._attempt(jobs, aside, prelock, careful, claiming)
+                        outcomes = self._attempt(jobs, aside, prelock, careful, ask)
                     except Exception as exc:
                         fault = write_refused(exc)
                         if fault is None:
@@ -182,7 +187,7 @@ class PostgresStore(Session, Store):
                 except _Unclaimed:
                     self.rollback()
                     self.reruns += 1
-                    claiming = False
+                    ask = None
                 except _Careful:
                     self.rollback()
                     self.reruns += 1
@@ -234,7 +239,7 @@ class PostgresStore(Session, Store):
         aside: dict[int, BaseException],
         prelock: Touched | None,
         careful: bool,
-        claiming: bool,
+        ask: Callable[[], BatchClaim | None] | None,
     ) -> list[Outcome[Any]]:
         backend = self.begin(defer=not careful)
         if prelock is None:
@@ -283,7 +288,7 @@ class PostgresStore(Session, Store):
                     aside[i] = exc
                     raise _Rerun() from exc
             outcomes.append(Outcome.of(value, overlay.writes))
-        claim = self._batch_claim(outcomes) if claiming and not careful else None
+        claim = self._batch_claim(ask, outcomes) if ask is not None and not careful else None
         fetch = None
         if claim is not None:
             routing = self.outbox.routing
@@ -313,13 +318,15 @@ class PostgresStore(Session, Store):
             self._claimed = in_claim_order(claimed_rows(claimed))
         return outcomes
 
-    def _batch_claim(self, outcomes: Sequence[Outcome[Any]]) -> BatchClaim | None:
+    def _batch_claim(
+        self, ask: Callable[[], BatchClaim | None], outcomes: Sequence[Outcome[Any]]
+    ) -> BatchClaim | None:
         """What to claim in this batch's transaction: where it wrote messages and the
-        delivery asks (``Store.claim_in_batch``).  The claim's own round trip and
-        transaction after the commit are saved, and the writer starts the next batch
-        sooner (docs/performance-notes.md, "The claim in the batch")."""
-        ask = self.claim_in_batch
-        if ask is None or not any(o.messages for o in outcomes):
+        delivery, ``ask``ed, says so (``Store.execute``'s ``claim_in_batch``).  The
+        claim's own round trip and transaction after the commit are saved, and the
+        writer starts the next batch sooner (docs/performance-notes.md, "The claim in
+        the batch")."""
+        if not any(o.messages for o in outcomes):
             return None
         try:
             return ask()
