@@ -24,7 +24,7 @@ from helpers.pg import ADMIN_URL
 from troth_bench import drivers, peers, runner, sdk_steps, workloads
 from troth_bench import pg as bench_pg
 from troth_bench.client import BenchFailure, Client
-from troth_bench.measure import Samples
+from troth_bench.measure import Probe, Samples, Window
 from troth_bench.options import WORKLOADS, Options
 from troth_bench.pg import as_uri, url_of
 from troth_bench.profile import summarize
@@ -476,3 +476,30 @@ def test_the_bench_says_one_client_and_one_cpu(value: int, machine: str, load: s
     lines = settings_lines(Every(value))
     assert any(line.startswith(machine) for line in lines), lines
     assert any(line.startswith(load) for line in lines), lines
+
+
+def test_the_probe_measures_the_whole_window_however_slow_the_snapshot() -> None:
+    """The server's CPU is read at the window's edge, before the opening snapshot (a
+    request to each node): on a busy machine that snapshot took longer than a tiny
+    run's window, and the CPU read after it covered nothing (a server share of 0)."""
+
+    async def slow_snapshot() -> dict[str, float]:
+        await asyncio.sleep(0.5)
+        return {}
+
+    async def probe_a_busy_process(pid: int) -> Probe:
+        window = Window(0.0, 0.3)
+        window.start()
+        probe = Probe(window, pid, snapshot=slow_snapshot)
+        probe.start()
+        await probe.finish()
+        return probe
+
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        probe = asyncio.run(probe_a_busy_process(busy.pid))
+    finally:
+        busy.kill()
+        busy.wait()
+    assert probe.seconds >= 0.3, probe.seconds
+    assert probe.cpu.server is not None and probe.cpu.server > 0.1, probe.cpu
