@@ -240,11 +240,14 @@ class Probe:
 
     async def _run(self) -> None:
         await asyncio.sleep(max(0.0, self.window.begin - time.perf_counter()))
+        # The processes' CPU first, at the window's edge: the snapshot (a request to each
+        # node) can take longer than a tiny run's whole window on a busy machine, and
+        # the window's CPU read after it measured nothing.
+        t0, g0, m0 = time.perf_counter(), self_cpu(), machine_busy()
+        s0 = {p: thread_cpu(p) for p in self.pids}
         before = await self.snapshot() if self.snapshot is not None else {}
         db = await asyncio.to_thread(self.db_pids) if self.db_pids is not None else []
         d0 = {p: proc_cpu(p) for p in db}
-        t0, g0, m0 = time.perf_counter(), self_cpu(), machine_busy()
-        s0 = {p: thread_cpu(p) for p in self.pids}
         while time.perf_counter() < self.window.end:
             rss = _rss(self.pids)
             if rss is not None and (self.rss_max is None or rss > self.rss_max):

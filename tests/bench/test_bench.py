@@ -24,7 +24,7 @@ from helpers.pg import ADMIN_URL
 from troth_bench import drivers, peers, runner, sdk_steps, workloads
 from troth_bench import pg as bench_pg
 from troth_bench.client import BenchFailure, Client
-from troth_bench.measure import Samples
+from troth_bench.measure import Probe, Samples, Window
 from troth_bench.options import WORKLOADS, Options
 from troth_bench.pg import as_uri, url_of
 from troth_bench.profile import summarize
@@ -200,10 +200,21 @@ def bench_databases() -> set[str]:
         return {r[0] for r in rows.fetchall()}
 
 
-def test_every_workload_runs_tiny_on_postgres_and_verifies(tmp_path: Path) -> None:
+def test_every_workload_runs_tiny_on_postgres_and_verifies(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """One node on a throwaway database: every workload, the PostgreSQL ceilings, a
-    seeded scale point; the databases are gone afterwards."""
-    before = bench_databases()
+    seeded scale point; the databases it made are gone afterwards (its own, by name:
+    tests on other workers make and drop theirs meanwhile)."""
+    made: list[str] = []
+    create = bench_pg.create_database
+
+    def recorded(base: str, prefix: str = "troth_bench", *, hint: str = bench_pg.BENCH_HINT) -> str:
+        url = create(base, prefix, hint=hint)
+        made.append(bench_pg.dbname_of(url))
+        return url
+
+    monkeypatch.setattr(bench_pg, "create_database", recorded)
     out = io.StringIO()
     report = runner.run(replace(PG_TINY, dir=str(tmp_path)), out)
     text = out.getvalue()
@@ -221,7 +232,7 @@ def test_every_workload_runs_tiny_on_postgres_and_verifies(tmp_path: Path) -> No
     assert "raw PostgreSQL, 1 row per commit, 4 connections" in text
     assert "1-row PostgreSQL commits" in text and "troth's PostgreSQL targets" in text
     assert report.scale and report.scale[0].stored == 300 and report.scale[0].db_bytes > 0
-    assert bench_databases() == before
+    assert made and not set(made) & bench_databases(), made
 
 
 @pytest.mark.parametrize("one_port", [False, True], ids=["two-servers", "workers-2"])
@@ -465,3 +476,30 @@ def test_the_bench_says_one_client_and_one_cpu(value: int, machine: str, load: s
     lines = settings_lines(Every(value))
     assert any(line.startswith(machine) for line in lines), lines
     assert any(line.startswith(load) for line in lines), lines
+
+
+def test_the_probe_measures_the_whole_window_however_slow_the_snapshot() -> None:
+    """The server's CPU is read at the window's edge, before the opening snapshot (a
+    request to each node): on a busy machine that snapshot took longer than a tiny
+    run's window, and the CPU read after it covered nothing (a server share of 0)."""
+
+    async def slow_snapshot() -> dict[str, float]:
+        await asyncio.sleep(0.5)
+        return {}
+
+    async def probe_a_busy_process(pid: int) -> Probe:
+        window = Window(0.0, 0.3)
+        window.start()
+        probe = Probe(window, pid, snapshot=slow_snapshot)
+        probe.start()
+        await probe.finish()
+        return probe
+
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        probe = asyncio.run(probe_a_busy_process(busy.pid))
+    finally:
+        busy.kill()
+        busy.wait()
+    assert probe.seconds >= 0.3, probe.seconds
+    assert probe.cpu.server is not None and probe.cpu.server > 0.1, probe.cpu
