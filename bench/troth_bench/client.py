@@ -85,6 +85,16 @@ class Client:
             self.conn = await HttpConnection.open(self.conn.host, self.conn.port)
             self.reconnects += 1
         http_status, raw = await self.conn.post(body)
+        if http_status == 408 and b'"kind":"unknown"' in raw:
+            # The server cut the connection off before this request (one opened and
+            # left without a request past header_timeout: server/http/timeouts.py),
+            # and its 408 was waiting in the socket.  The request was never read:
+            # send it again on a new connection, as an HTTP client retries a request
+            # its kept-alive connection lost.
+            self.conn.close()
+            self.conn = await HttpConnection.open(self.conn.host, self.conn.port)
+            self.reconnects += 1
+            http_status, raw = await self.conn.post(body)
         elapsed = self.conn.read_at - self.conn.sent_at
         reply = checked_reply(kind, corr, raw)
         if reply.head.status != http_status:
