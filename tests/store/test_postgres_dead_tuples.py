@@ -176,6 +176,17 @@ def test_the_next_deadline_reads_small_indexes_also_before_statistics_exist(url:
     assert buffers < 20, f"{buffers} buffers for the next deadline: {found}"
 
 
+def finish_tasks(conn: psycopg.Connection[Any]) -> None:
+    """:data:`CHURN` tasks pending (retry at 10), then acquired (lease until 20), then
+    finished: a dead entry of each in both deadline indexes while the horizon is held."""
+    conn.execute(
+        "INSERT INTO tasks (id, state, version, retry_at, resumes) SELECT 't' || g,"
+        f" 'pending', 0, 10, '[]' FROM generate_series(1, {CHURN}) g"
+    )
+    conn.execute("UPDATE tasks SET state = 'acquired', expires_at = 20, retry_at = NULL")
+    conn.execute("UPDATE tasks SET state = 'fulfilled', expires_at = NULL")
+
+
 @pytest.mark.parametrize("mode", ["force_generic_plan", "force_custom_plan"])
 def test_the_next_deadline_within_bounds_passes_no_dead_tasks(url: str, mode: str) -> None:
     """Tasks that were pending (retry at 10) and then acquired (lease until 20) and
@@ -184,12 +195,7 @@ def test_the_next_deadline_within_bounds_passes_no_dead_tasks(url: str, mode: st
     holder = holding(url)
     try:
         with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute(
-                "INSERT INTO tasks (id, state, version, retry_at, resumes) SELECT 't' || g,"
-                f" 'pending', 0, 10, '[]' FROM generate_series(1, {CHURN}) g"
-            )
-            conn.execute("UPDATE tasks SET state = 'acquired', expires_at = 20, retry_at = NULL")
-            conn.execute("UPDATE tasks SET state = 'fulfilled', expires_at = NULL")
+            finish_tasks(conn)
             conn.execute("ANALYZE tasks")
         with psycopg.connect(url) as conn:
             types, args = ["numeric", "numeric"], [30, 5_030]
@@ -278,12 +284,7 @@ def test_a_timer_pass_from_the_floor_passes_no_dead_deadlines(url: str, mode: st
     holder = holding(url)
     try:
         with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute(
-                "INSERT INTO tasks (id, state, version, retry_at, resumes) SELECT 't' || g,"
-                f" 'pending', 0, 10, '[]' FROM generate_series(1, {CHURN}) g"
-            )
-            conn.execute("UPDATE tasks SET state = 'acquired', expires_at = 20, retry_at = NULL")
-            conn.execute("UPDATE tasks SET state = 'fulfilled', expires_at = NULL")
+            finish_tasks(conn)
             conn.execute(
                 "INSERT INTO promises (id, state, param, value, tags, timeout_at, created_at,"
                 " callbacks, listeners, external, undrained) SELECT 'p' || g, 'pending', '{}',"
