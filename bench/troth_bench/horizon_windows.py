@@ -96,8 +96,9 @@ def table_stats(url: str, hot: tuple[str, ...]) -> tuple[dict[str, int], dict[st
 
 
 class Sampler:
-    """What PostgreSQL's backends of the database are busy with, sampled every 20 ms
-    from ``pg_stat_activity`` (a poor man's profiler: ``--sample``), per phase."""
+    """What PostgreSQL's backends of the database are busy with, and what they wait
+    on (a lock, a read, the WAL; or on CPU), sampled every 20 ms from
+    ``pg_stat_activity`` (a poor man's profiler: ``--sample``), per phase."""
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -110,13 +111,17 @@ class Sampler:
         with psycopg.connect(self.url, autocommit=True) as conn:
             while not self.stopped.wait(0.02):
                 rows = conn.execute(
-                    "SELECT application_name, query FROM pg_stat_activity WHERE datname ="
+                    "SELECT application_name, query, coalesce(wait_event_type || ':' ||"
+                    " wait_event, 'on CPU') FROM pg_stat_activity WHERE datname ="
                     " current_database() AND state = 'active' AND pid <> pg_backend_pid()"
                 ).fetchall()
                 counts = self.counts.setdefault(self.phase, Counter())
+                waits = self.counts.setdefault(f"{self.phase}, waiting on", Counter())
                 counts["(samples)"] += 1
-                for app, query in rows:
+                waits["(samples)"] += 1
+                for app, query, wait in rows:
                     counts[f"{app}: {' '.join(str(query).split())[:90]}"] += 1
+                    waits[f"{wait}"] += 1
 
     def report(self) -> None:
         for phase, counts in self.counts.items():
