@@ -100,8 +100,11 @@ def test_no_connection_is_retried_and_delivered_when_a_worker_arrives(live: Runn
 def test_keepalive_comments_flow_on_an_idle_stream() -> None:
     settings = Settings(store="memory", debug=True, keepalive=0.1, access_log=False)
     with running_server(settings) as server, stream(server, "g", "idle") as s:
-        time.sleep(0.5)
-        assert s.raw.count(b": keepalive\n\n") >= 3
+        deadline = time.monotonic() + 4
+        # One each 0.1 s: three within the deadline (the default, 5 s, would give none).
+        while s.raw.count(b": keepalive\n\n") < 3:
+            assert time.monotonic() < deadline, bytes(s.raw)
+            time.sleep(0.02)
 
 
 def sse_gauge(server: RunningServer) -> int:
