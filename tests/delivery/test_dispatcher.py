@@ -142,10 +142,15 @@ async def settle(
 
 
 class _Unclosable:
-    """Lets the fixture, not the engine, close the store."""
+    """Lets the fixture, not the engine, close the store.  Everything else goes to the
+    store: the engine's timer may still be in a pass when the engine is stopped, and
+    reads the store's attributes as it ends it."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
 
     def close(self) -> None:
         pass
