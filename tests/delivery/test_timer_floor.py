@@ -76,3 +76,16 @@ def test_a_deadline_nobody_announced_below_the_floor_waits_for_the_full_read(
     monkeypatch.setattr(timer, "FULL_READ_EVERY", 0.0)
     engine._loop.call_soon_threadsafe(engine.hint, wall_ms() + 10)
     wait_for(lambda: stored(url, "p") == "rejected_timedout", 5)
+
+
+def test_debug_start_stops_a_timer_asleep_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``debug.start`` wakes the timer to stop now, not when its sleep would have
+    ended (up to ``SHARED_MAX_SLEEP`` here, made a minute long)."""
+    monkeypatch.setattr(timer, "SHARED_MAX_SLEEP", 60.0)
+    with throwaway_database("troth_pause") as url:
+        settings = Settings(store="postgres", postgres_url=url, debug=True, access_log=False)
+        with running_server(settings) as server:
+            engine = server.app.engine
+            wait_for(lambda: engine._target > wall_ms() + 30_000, 10)  # asleep
+            server.ok("debug.start", {})
+            wait_for(lambda: engine._target == float("inf"), 2)

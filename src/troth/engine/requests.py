@@ -212,7 +212,12 @@ class Requests(EngineBase):
         return total
 
     def pause(self) -> None:
+        """``debug.start`` (event loop only): the timer stops firing by the wall clock,
+        woken so that it stops now, not when its sleep would have ended (up to
+        ``SHARED_MAX_SLEEP`` on a shared store)."""
         self.paused = True
+        if self._wake is not None:
+            self._wake.set()
 
     def resume(self) -> None:
         self.paused = False
