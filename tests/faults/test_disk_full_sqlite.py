@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import logging
-import re
 import sqlite3
 import time
 from pathlib import Path
@@ -19,6 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from helpers.metrics import metric
 from helpers.support import VERSION, running_server
 from helpers.tmpfs import fill, tmpfs
 from troth.server.config import Settings
@@ -36,13 +36,6 @@ def create(client: httpx.Client, id: str) -> httpx.Response:
         "data": {"id": id, "timeoutAt": FAR, "param": {"data": data}, "tags": {}},
     }
     return client.post("/", json=envelope)
-
-
-def metric(client: httpx.Client, line: str) -> float:
-    text = client.get("/metrics").text
-    match = re.search(rf"^{re.escape(line)} (\S+)$", text, re.M)
-    assert match is not None, (line, text)
-    return float(match[1])
 
 
 def test_a_full_disk_refuses_writes_with_503_and_they_resume_when_room_is_made(
@@ -98,8 +91,8 @@ def test_a_full_disk_refuses_writes_with_503_and_they_resume_when_room_is_made(
             assert ready.status_code == 503
             assert ready.json()["reason"] == "disk_full"
             assert "full" in ready.json()["error"]
-            assert metric(client, "troth_store_writable") == 0
-            assert metric(client, 'troth_store_write_errors_total{reason="disk_full"}') >= 2
+            assert metric(server.url, "troth_store_writable") == 0
+            assert metric(server.url, 'troth_store_write_errors_total{reason="disk_full"}') >= 2
             assert client.get("/health").status_code == 200  # alive, only not ready
             # The delivery's retry 5 s after the first send meets the full disk.
             time.sleep(max(sent + 6.5 - time.monotonic(), 0))
@@ -113,7 +106,7 @@ def test_a_full_disk_refuses_writes_with_503_and_they_resume_when_room_is_made(
             while client.get("/ready").status_code != 200:
                 assert time.monotonic() < deadline, client.get("/ready").text
                 time.sleep(0.2)
-            assert metric(client, "troth_store_writable") == 1
+            assert metric(server.url, "troth_store_writable") == 1
             r = create(client, "after")
             assert r.status_code == 200, r.text
             acknowledged.append("after")

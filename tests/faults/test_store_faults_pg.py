@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import base64
 import os
-import re
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -26,6 +25,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from helpers.lb import LoadBalancer
+from helpers.metrics import metric
 from helpers.pg import ADMIN_URL, through, throwaway_database
 from helpers.support import VERSION, RunningServer, running_server
 from helpers.tmpfs import fill, tmpfs
@@ -47,13 +47,6 @@ def create(client: httpx.Client, id: str, size: int = 0) -> httpx.Response:
 def get(client: httpx.Client, id: str) -> httpx.Response:
     envelope = {"kind": "promise.get", "head": {"corrId": f"g-{id}", "version": VERSION}}
     return client.post("/", json={**envelope, "data": {"id": id}})
-
-
-def metric(client: httpx.Client, line: str) -> float:
-    text = client.get("/metrics").text
-    match = re.search(rf"^{re.escape(line)} (\S+)$", text, re.M)
-    assert match is not None, (line, text)
-    return float(match[1])
 
 
 def until(what: str, check: Callable[[], bool], seconds: float = 10) -> None:
@@ -115,8 +108,8 @@ def test_a_read_only_database_refuses_writes_and_ready_says_so() -> None:
                 "/ready says read_only", lambda: ready(server).json().get("reason") == "read_only"
             )
             assert ready(server).status_code == 503
-            assert metric(client, "troth_store_writable") == 0
-            assert metric(client, 'troth_store_write_errors_total{reason="read_only"}') >= 1
+            assert metric(server.url, "troth_store_writable") == 0
+            assert metric(server.url, 'troth_store_write_errors_total{reason="read_only"}') >= 1
             # Reads still work (a read session that was cut reconnects).
             until("reads work", lambda: get(client, "a").status_code == 200)
 
@@ -124,7 +117,7 @@ def test_a_read_only_database_refuses_writes_and_ready_says_so() -> None:
             terminate(dbname)
             # No request needed: the node's probes see the database writable again.
             until("/ready 200 again", lambda: ready(server).status_code == 200)
-            assert metric(client, "troth_store_writable") == 1
+            assert metric(server.url, "troth_store_writable") == 1
             assert create(client, "after").status_code == 200
             acknowledged.append("after")
         assert set(acknowledged) <= stored(url)
@@ -171,7 +164,7 @@ def test_a_full_tablespace_refuses_writes_and_writes_resume_when_room_is_made() 
             assert refused.headers["retry-after"] == "1"
             ready_now = ready(server)
             assert ready_now.status_code == 503 and ready_now.json()["reason"] == "disk_full"
-            assert metric(client, 'troth_store_write_errors_total{reason="disk_full"}') >= 1
+            assert metric(server.url, 'troth_store_write_errors_total{reason="disk_full"}') >= 1
             assert get(client, acknowledged[0]).status_code == 200  # reads keep working
 
             filler.unlink()
@@ -196,7 +189,7 @@ def test_ready_says_503_with_a_reason_when_the_database_is_out_of_reach() -> Non
                 assert time.monotonic() - started < 6
                 answer = ready(server).json()
                 assert answer["reason"] == "unavailable" and answer["error"], answer
-                assert metric(server.client, "troth_store_writable") == 0
+                assert metric(server.url, "troth_store_writable") == 0
                 proxy = LoadBalancer(proxy.backends, port=port).start()
                 until("/ready 200 again", lambda: ready(server).status_code == 200, 15)
                 assert create(server.client, "after").status_code == 200

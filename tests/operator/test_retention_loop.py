@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from helpers import pg
+from helpers.metrics import metric
 from helpers.support import RunningServer, free_port, running_server
 from troth.machine.core import handle
 from troth.machine.internal import Config
@@ -30,6 +31,10 @@ from troth.store.base import Job, Overlay
 from troth.store.sqlite import SqliteStore
 
 HOUR = 3_600_000
+
+
+#: Retention's passes so far.
+PASSES = "troth_retention_passes_total"
 
 
 def now_ms() -> int:
@@ -54,13 +59,6 @@ def exists(server: RunningServer, id: str) -> bool:
     status, _ = server.call("promise.get", {"id": id})
     assert status in (200, 404)
     return status == 200
-
-
-def passes(server: RunningServer) -> float:
-    """Retention's passes so far (``troth_retention_passes_total``)."""
-    text = server.client.get("/metrics").text
-    [line] = [x for x in text.splitlines() if x.startswith("troth_retention_passes_total ")]
-    return float(line.split()[1])
 
 
 def wait_for(what: str, check: Any, timeout: float = 15.0) -> None:
@@ -100,8 +98,8 @@ def test_settled_workflows_go_whole_and_live_ones_stay(settings: Settings, tmp_p
         )
         for k in range(5):
             assert not any(exists(server, f"done{k}.{c}") for c in range(3))
-        seen = passes(server)
-        wait_for("three more passes", lambda: passes(server) >= seen + 3)
+        seen = metric(server.url, PASSES)
+        wait_for("three more passes", lambda: metric(server.url, PASSES) >= seen + 3)
         assert all(exists(server, id) for id in ("live", "live.0", "live.1", "live.2"))
         metrics = server.client.get("/metrics").text
         assert "troth_retention_trees_deleted_total 5" in metrics

@@ -22,11 +22,11 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-import httpx
 import psycopg
 import pytest
 
 from helpers import pg
+from helpers.metrics import metric
 from helpers.releases import Node, build, has_commit
 from troth import __version__
 from troth.store.sql.migrate import load_migrations
@@ -110,13 +110,6 @@ class Writer:
         self._stop.set()
         self._thread.join(30)
         assert self.error is None, self.error
-
-
-def retention_passes(node: Node) -> float:
-    """The node's retention passes so far (``troth_retention_passes_total``)."""
-    text = httpx.get(f"{node.base}/metrics", timeout=10).text
-    [line] = [x for x in text.splitlines() if x.startswith("troth_retention_passes_total ")]
-    return float(line.split()[1])
 
 
 def search(node: Node, origin: str) -> set[str]:
@@ -247,8 +240,9 @@ def test_a_rolling_upgrade_under_a_live_older_node_loses_no_row(
 
     # 6. Retention (1 s horizon, every 0.2 s) has been running on the new node: no
     #    settled child of a pending root is taken for a root of its own and deleted.
-    seen = retention_passes(new)
-    wait_for("three more passes of retention", lambda: retention_passes(new) >= seen + 3, 30)
+    passes = "troth_retention_passes_total"
+    seen = metric(new.base, passes)
+    wait_for("three more passes of retention", lambda: metric(new.base, passes) >= seen + 3, 30)
     assert search(new, "root-b") == children["root-b"]
     assert search(new, "root-a") == children["root-a"] | {"root-a"}
     # Once its root settles, a workflow goes whole, and only that one.
