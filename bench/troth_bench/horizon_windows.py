@@ -121,7 +121,7 @@ class Sampler:
                 waits["(samples)"] += 1
                 for app, query, wait in rows:
                     counts[f"{app}: {' '.join(str(query).split())[:90]}"] += 1
-                    waits[f"{wait}"] += 1
+                    waits[wait] += 1
 
     def report(self) -> None:
         for phase, counts in self.counts.items():
