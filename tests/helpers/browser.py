@@ -68,16 +68,31 @@ class Page:
         self.page = self.context.new_page()
         self.base = base
         self.errors: list[str] = []
+        #: While the test leaves a node's dashboard for another's (:meth:`open`): the
+        #: requests the old page had in flight (its /metrics poll) are aborted by that
+        #: navigation, not failed by the page.
+        self._leaving = False
         self.page.on("console", lambda m: m.type == "error" and self.errors.append(m.text))
         self.page.on("pageerror", lambda e: self.errors.append(str(e)))
-        self.page.on("requestfailed", lambda r: self.errors.append(f"failed {r.url}"))
+        self.page.on("requestfailed", self._failed)
         self.page.on(
             "response",
             lambda r: r.status >= 400 and self.errors.append(f"{r.status} {r.url}"),
         )
 
+    def _failed(self, request: Any) -> None:
+        if self._leaving and request.failure == "net::ERR_ABORTED":
+            return
+        self.errors.append(f"failed {request.url}")
+
     def open(self, route: str, view: str, timeout: float = 20_000) -> Any:
         """Load ``#route`` and wait until view ``view`` has drawn (``data-ready``)."""
+        if not self.page.url.startswith(self.base):  # another node's dashboard, left
+            self._leaving = True
+            try:
+                self.page.goto("about:blank")
+            finally:
+                self._leaving = False
         # The view before may have been of the same name (promise → promise): drop its
         # mark first, or the wait below would see the old page as the new one ready.
         self.page.evaluate("document.querySelector('main')?.removeAttribute('data-ready')")
