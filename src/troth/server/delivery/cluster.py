@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import socket
 import uuid
@@ -322,7 +323,7 @@ class Cluster:
 
     async def _heartbeat(self) -> None:
         loop = asyncio.get_running_loop()
-        last_reap = 0.0
+        last_reap = -math.inf  # not 0: loop.time() counts from boot, maybe just now
         while True:
             ok = False
             try:

@@ -133,8 +133,9 @@ class DeliveryLoop:
         self._inflight: set[asyncio.Task[None]] = set()
         self._stopping = False
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._last_maintenance = 0.0
-        self._last_purge = 0.0
+        # -inf, not 0: loop.time() is the machine's uptime, which may be short.
+        self._last_maintenance = -math.inf
+        self._last_purge = -math.inf
         self._last_reap = -math.inf
         #: Wakes other nodes for messages of a commit that this node did not claim
         #: itself (called on the writer thread).  Attached by the cluster while this

@@ -31,6 +31,7 @@ import functools
 import gzip
 import json
 import logging
+import math
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -123,7 +124,8 @@ class RetentionLoop:
         #: Seconds the last batch (or step of giving back) held the writer (or its session).
         self.held = 0.0
         self._jobs = 0
-        self._warned = 0.0
+        # Never warned: -inf, not 0, as time.monotonic() may be a just-booted uptime.
+        self._warned = -math.inf
         self._task: asyncio.Task[None] | None = None
         #: Told of each batch and how long it took (tracing).
         self.on_batch = on_batch
