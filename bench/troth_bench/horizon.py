@@ -2,14 +2,19 @@
 long queries and the horizon").
 
 ``python -m troth_bench.horizon [--before 60] [--hold 180] [--after 30] [--window 20]
-[--clients 32] [--workers 8] [--holder snapshot|xid] [--explain] [--sample]
+[--clients 32] [--workers 8] [--rate N] [--holder snapshot|xid] [--explain] [--sample]
 [--auto-explain MS] [--autovacuum] [--peer pgqueuer [--producers 32]]``
 
 starts one ``troth serve`` on a throwaway PostgreSQL database and runs the
 ``lifecycle`` load on it (a targeted ``promise.create``, its ``execute`` over SSE,
 ``task.acquire``, ``task.fulfill``) without pause: ``--before`` seconds as is, then
 ``--hold`` seconds while another session holds the database's xmin horizon back, then
-``--after`` seconds once it let go.  The holder is what an operator meets:
+``--after`` seconds once it let go.  ``--rate N`` paces troth's clients to N tasks per
+second in all (each starts its next task on a fixed schedule, at once when behind):
+a sustained load below what the machine can do, so that a window that keeps the rate
+says the hold cost nothing a user sees, and one that falls short says it did, however
+the machine's own speed drifts over a long run (a closed loop's rate follows that
+drift).  The holder is what an operator meets:
 ``snapshot`` is a REPEATABLE READ transaction that took its snapshot (``pg_dump``, a
 long report), ``xid`` a session idle in transaction after a write (it holds an xid).
 
@@ -196,7 +201,10 @@ class Lifecycle:
     ) -> None:
         self.title = (
             f"lifecycle on troth (PostgreSQL), {args.clients} clients, {args.workers} SSE workers"
+            + (f", paced to {args.rate:,.0f} tasks/s" if args.rate else "")
         )
+        #: Seconds between one client's task starts (``--rate``), or 0: without pause.
+        self.every = args.clients / args.rate if args.rate else 0.0
         self.app_pid = server.pid
         self.load = Load()
         self.run_id = run_id
@@ -229,7 +237,12 @@ class Lifecycle:
     async def _client(self, i: int, c: Client, stop: float) -> None:
         ctx, pool, rec, load = self.ctx, self.pool, self.rec, self.load
         n = 0
+        # Paced: a client's n-th task is due n * every after its first; the clients'
+        # first tasks are spread over one ``every``.
+        first = time.monotonic() + self.every * i / len(self.clients)
         while time.monotonic() < stop:
+            if self.every:
+                await asyncio.sleep(first + n * self.every - time.monotonic())
             id = f"{self.run_id}-{i}-{n}"
             n += 1
             fut = pool.expect(id, 0)
@@ -264,6 +277,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--window", type=float, default=20.0, help="seconds per window (20)")
     p.add_argument("--clients", type=int, default=32, help="lifecycle clients (32)")
     p.add_argument("--workers", type=int, default=8, help="SSE workers (8)")
+    p.add_argument(
+        "--rate",
+        type=float,
+        metavar="N",
+        help="pace the clients to N tasks/s in all (default: each without pause)",
+    )
     p.add_argument("--holder", choices=("snapshot", "xid"), default="snapshot")
     p.add_argument("--explain", action="store_true", help="EXPLAIN the hot statements")
     p.add_argument(

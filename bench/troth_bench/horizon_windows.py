@@ -271,7 +271,20 @@ def summary(samples: list[Sample], unit: str) -> str | None:
         f"{worst.rate:,.0f} {unit}/s = {worst.rate / rate:.2f}x the median before"
         f" ({rate:,.0f}); p99 up to {max(s.p99 for s in held):.1f} ms ="
         f" {max(s.p99 for s in held) / p99:.2f}x ({p99:.1f}); max"
-        f" {max(s.max for s in held):.0f} ms"
+        f" {max(s.max for s in held):.0f} ms; CPU ms per {unit[:-1]}: PostgreSQL"
+        f" {_per(before, 'cpu_pg')} -> {_per(held, 'cpu_pg', max)}, the application"
+        f" {_per(before, 'cpu_app')} -> {_per(held, 'cpu_app', max)}"
     )
     print(f"worst window of the hold: {verdict}", flush=True)
     return verdict
+
+
+def _per(
+    samples: list[Sample], cpu: str, pick: Callable[[list[float]], float] = statistics.median
+) -> str:
+    """CPU milliseconds per unit of the load (``cpu`` is ``cpu_pg`` or ``cpu_app``) over
+    ``samples``: their median, or what ``pick`` takes (the hold's worst: ``max``).  What
+    the load costs the machine, which a paced load (``--rate``) shows where its rate
+    cannot."""
+    per = [getattr(s, cpu) * 1000 / s.rate for s in samples if s.rate > 0]
+    return f"{pick(per):.2f}" if per else "-"

@@ -33,15 +33,25 @@ def phases(out: str, unit: str) -> list[tuple[str, float]]:
     return [(phase, float(rate.replace(",", ""))) for phase, rate in rows]
 
 
-@pytest.mark.parametrize("holder", ["snapshot", "xid"])
-def test_troth_is_measured_in_windows_before_during_and_after_the_hold(holder: str) -> None:
-    out = horizon("--clients", "4", "--workers", "1", "--holder", holder)
+@pytest.mark.parametrize("holder, rate", [("snapshot", None), ("xid", 60)])
+def test_troth_is_measured_in_windows_before_during_and_after_the_hold(
+    holder: str, rate: int | None
+) -> None:
+    """Unpaced, and paced (``--rate``) to far below what 4 clients do unpaced."""
+    paced = ["--rate", str(rate)] if rate else []
+    out = horizon("--clients", "4", "--workers", "1", "--holder", holder, *paced)
     seen = phases(out, "tasks")
     assert [p for p, _ in seen].count("held") >= 2, out
     assert {p for p, _ in seen} == {"before", "held", "after"}, out
-    assert all(rate > 0 for _, rate in seen), out
-    verdict = re.search(r"worst window of the hold: [\d,]+ tasks/s = ([\d.]+)x", out)
+    assert all(r > 0 for _, r in seen), out
+    if rate:
+        # One-second windows: the first starts the clients, the last stops them.
+        assert all(r <= rate * 1.3 for _, r in seen), out
+        assert sum(r for _, r in seen[1:-1]) / len(seen[1:-1]) >= rate * 0.7, out
+    verdict = re.search(r"worst window of the hold: [\d,]+ tasks/s = ([\d.]+)x.*", out)
     assert verdict is not None and float(verdict.group(1)) > 0, out
+    cost = re.search(r"CPU ms per task: PostgreSQL ([\d.]+) -> ([\d.]+)", verdict.group(0))
+    assert cost is not None and float(cost.group(1)) > 0, out
 
 
 def test_pgqueuer_is_measured_beside_it() -> None:
