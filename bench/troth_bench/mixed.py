@@ -90,7 +90,8 @@ class Beside:
     async def open(
         cls, server: ServerProcess, lifecycle: int, workers: int, reads: int, seed: bool
     ) -> Beside:
-        life = await Lifecycle.open(Namespace(clients=lifecycle, workers=workers), server)
+        unpaced = Namespace(clients=lifecycle, workers=workers, rate=None)
+        life = await Lifecycle.open(unpaced, server)
         return cls(life, await Reads.open(server.port, reads, seed))
 
     def start(self, stop: float) -> None:

