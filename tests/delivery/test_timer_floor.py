@@ -7,13 +7,13 @@ from the bottom every ``FULL_READ_EVERY`` seconds."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import psycopg
 import pytest
 
 from helpers.pg import throwaway_database
-from helpers.support import RunningServer, running_server
+from helpers.support import RunningServer, running_server, wait_for
 from troth.engine import timer
 from troth.server.config import Settings
 
@@ -38,19 +38,12 @@ def stored(url: str, id: str) -> str:
     return str(row[0])
 
 
-def wait_for(check: Callable[[], bool], timeout: float) -> None:
-    end = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < end, "condition never held"
-        time.sleep(0.02)
-
-
 def test_a_deadline_beyond_the_read_window_fires_on_time(node: tuple[RunningServer, str]) -> None:
     server, url = node
     deadline = wall_ms() + int(timer.SHARED_MAX_SLEEP * 1000) + 1500
     tags = {"resonate:external": "true"}
     server.ok("promise.create", {"id": "later", "timeoutAt": deadline, "tags": tags})
-    wait_for(lambda: stored(url, "later") == "rejected_timedout", 15)
+    wait_for("'later' timed out", lambda: stored(url, "later") == "rejected_timedout", 15)
     lag = wall_ms() - deadline
     assert 0 <= lag < 1000, f"fired {lag} ms after its deadline"
 
@@ -75,7 +68,7 @@ def test_a_deadline_nobody_announced_below_the_floor_waits_for_the_full_read(
     assert stored(url, "p") == "pending"
     monkeypatch.setattr(timer, "FULL_READ_EVERY", 0.0)
     engine._loop.call_soon_threadsafe(engine.hint, wall_ms() + 10)
-    wait_for(lambda: stored(url, "p") == "rejected_timedout", 5)
+    wait_for("'p' timed out", lambda: stored(url, "p") == "rejected_timedout", 5)
 
 
 def test_debug_start_stops_a_timer_asleep_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -86,6 +79,6 @@ def test_debug_start_stops_a_timer_asleep_at_once(monkeypatch: pytest.MonkeyPatc
         settings = Settings(store="postgres", postgres_url=url, debug=True, access_log=False)
         with running_server(settings) as server:
             engine = server.app.engine
-            wait_for(lambda: engine._target > wall_ms() + 30_000, 10)  # asleep
+            wait_for("the timer asleep", lambda: engine._target > wall_ms() + 30_000, 10)
             server.ok("debug.start", {})
-            wait_for(lambda: engine._target == float("inf"), 2)
+            wait_for("the timer paused", lambda: engine._target == float("inf"), 2)

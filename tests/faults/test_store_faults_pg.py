@@ -16,7 +16,7 @@ import base64
 import os
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -27,7 +27,7 @@ from psycopg.conninfo import conninfo_to_dict
 from helpers.lb import LoadBalancer
 from helpers.metrics import metric
 from helpers.pg import ADMIN_URL, through, throwaway_database
-from helpers.support import VERSION, RunningServer, running_server
+from helpers.support import VERSION, RunningServer, running_server, wait_for
 from helpers.tmpfs import fill, tmpfs
 from troth.server.config import Settings
 from troth.store.postgres import PostgresStore
@@ -47,13 +47,6 @@ def create(client: httpx.Client, id: str, size: int = 0) -> httpx.Response:
 def get(client: httpx.Client, id: str) -> httpx.Response:
     envelope = {"kind": "promise.get", "head": {"corrId": f"g-{id}", "version": VERSION}}
     return client.post("/", json={**envelope, "data": {"id": id}})
-
-
-def until(what: str, check: Callable[[], bool], seconds: float = 10) -> None:
-    deadline = time.monotonic() + seconds
-    while not check():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.1)
 
 
 def admin(sql: str) -> None:
@@ -101,22 +94,22 @@ def test_a_read_only_database_refuses_writes_and_ready_says_so() -> None:
                     return True
                 return False
 
-            until("writes refused as read-only", refused)
+            wait_for("writes refused as read-only", refused)
             r = refusal[0]
             assert r.headers["retry-after"] == "1"
-            until(
+            wait_for(
                 "/ready says read_only", lambda: ready(server).json().get("reason") == "read_only"
             )
             assert ready(server).status_code == 503
             assert metric(server.url, "troth_store_writable") == 0
             assert metric(server.url, 'troth_store_write_errors_total{reason="read_only"}') >= 1
             # Reads still work (a read session that was cut reconnects).
-            until("reads work", lambda: get(client, "a").status_code == 200)
+            wait_for("reads work", lambda: get(client, "a").status_code == 200)
 
             admin(f"ALTER DATABASE {dbname} RESET default_transaction_read_only")
             terminate(dbname)
             # No request needed: the node's probes see the database writable again.
-            until("/ready 200 again", lambda: ready(server).status_code == 200)
+            wait_for("/ready 200 again", lambda: ready(server).status_code == 200)
             assert metric(server.url, "troth_store_writable") == 1
             assert create(client, "after").status_code == 200
             acknowledged.append("after")
@@ -168,7 +161,7 @@ def test_a_full_tablespace_refuses_writes_and_writes_resume_when_room_is_made() 
             assert get(client, acknowledged[0]).status_code == 200  # reads keep working
 
             filler.unlink()
-            until("/ready 200 again", lambda: ready(server).status_code == 200)
+            wait_for("/ready 200 again", lambda: ready(server).status_code == 200)
             assert create(client, "after", size=16 * 1024).status_code == 200
             acknowledged.append("after")
         assert set(acknowledged) <= stored(url)
@@ -185,13 +178,13 @@ def test_ready_says_503_with_a_reason_when_the_database_is_out_of_reach() -> Non
                 assert ready(server).status_code == 200
                 proxy.stop()
                 started = time.monotonic()
-                until("/ready 503", lambda: ready(server).status_code == 503, 10)
+                wait_for("/ready 503", lambda: ready(server).status_code == 503, 10)
                 assert time.monotonic() - started < 6
                 answer = ready(server).json()
                 assert answer["reason"] == "unavailable" and answer["error"], answer
                 assert metric(server.url, "troth_store_writable") == 0
                 proxy = LoadBalancer(proxy.backends, port=port).start()
-                until("/ready 200 again", lambda: ready(server).status_code == 200, 15)
+                wait_for("/ready 200 again", lambda: ready(server).status_code == 200, 15)
                 assert create(server.client, "after").status_code == 200
         finally:
             proxy.stop()

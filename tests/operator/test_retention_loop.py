@@ -14,14 +14,13 @@ from collections.abc import Iterator
 from contextlib import closing
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
 from helpers import pg
 from helpers.metrics import metric
-from helpers.support import RunningServer, free_port, running_server
+from helpers.support import RunningServer, free_port, running_server, wait_for
 from troth.machine.core import handle
 from troth.machine.internal import Config
 from troth.protocol import requests as rq
@@ -61,13 +60,6 @@ def exists(server: RunningServer, id: str) -> bool:
     return status == 200
 
 
-def wait_for(what: str, check: Any, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
 @pytest.fixture(params=["memory", "sqlite", "postgres"])
 def settings(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Settings]:
     url = pg.create_database("troth_retention") if request.param == "postgres" else None
@@ -95,11 +87,12 @@ def test_settled_workflows_go_whole_and_live_ones_stay(settings: Settings, tmp_p
         wait_for(
             "the settled workflows to go",
             lambda: not any(exists(server, f"done{k}") for k in range(5)),
+            15,
         )
         for k in range(5):
             assert not any(exists(server, f"done{k}.{c}") for c in range(3))
         seen = metric(server.url, PASSES)
-        wait_for("three more passes", lambda: metric(server.url, PASSES) >= seen + 3)
+        wait_for("three more passes", lambda: metric(server.url, PASSES) >= seen + 3, 15)
         assert all(exists(server, id) for id in ("live", "live.0", "live.1", "live.2"))
         metrics = server.client.get("/metrics").text
         assert "troth_retention_trees_deleted_total 5" in metrics
@@ -118,7 +111,7 @@ def test_settled_workflows_go_whole_and_live_ones_stay(settings: Settings, tmp_p
 def test_a_deleted_id_can_be_created_anew(settings: Settings) -> None:
     with running_server(settings) as server:
         workflow(server, "again", children=0)
-        wait_for("the workflow to go", lambda: not exists(server, "again"))
+        wait_for("the workflow to go", lambda: not exists(server, "again"), 15)
         far = now_ms() + HOUR
         body = server.ok(
             "promise.create", {"id": "again", "timeoutAt": far, "param": {}, "tags": {}}
@@ -188,7 +181,7 @@ def test_a_server_killed_mid_deletion_restarts_with_no_half_trees(tmp_path: Path
             found = re.search(r"^troth_retention_trees_deleted_total (\d+)", text, re.M)
             return found is not None and int(found[1]) >= 50
 
-        wait_for("retention to be under way", deleting)
+        wait_for("retention to be under way", deleting, 15)
     finally:
         proc.kill()
         proc.wait(10)
@@ -246,7 +239,7 @@ def test_the_timer_reports_its_passes_and_lag(tmp_path: Path) -> None:
             found = re.search(rf"^{name} (\S+)", server.client.get("/metrics").text, re.M)
             return None if found is None else float(found[1])
 
-        wait_for("a timer pass", lambda: (metric("troth_timer_passes_total") or 0) >= 1)
+        wait_for("a timer pass", lambda: (metric("troth_timer_passes_total") or 0) >= 1, 15)
         passes = metric("troth_timer_passes_total")
         lag = metric("troth_timer_lag_seconds")
         assert passes is not None and passes >= 1

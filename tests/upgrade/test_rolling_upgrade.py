@@ -16,7 +16,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -28,6 +27,7 @@ import pytest
 from helpers import pg
 from helpers.metrics import metric
 from helpers.releases import Node, build, has_commit
+from helpers.support import wait_for
 from troth import __version__
 from troth.store.sql.migrate import load_migrations
 
@@ -125,13 +125,6 @@ def search(node: Node, origin: str) -> set[str]:
         cursor = answer.get("cursor")
         if not cursor:
             return found
-
-
-def wait_for(what: str, check: Any, seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    while not check():
-        assert time.monotonic() < deadline, f"not within {seconds} s: {what}"
-        time.sleep(0.1)
 
 
 @pytest.fixture
