@@ -167,7 +167,7 @@ async def measure(args: argparse.Namespace) -> int:
                 samples = await windows(args, url, troth, explain if args.explain else None)
             finally:
                 server.kill()
-        verdicts = [summary(samples, "tasks")]
+        verdicts = [summary(samples, "tasks", args.hold)]
         if args.peer == "pgqueuer":
             print()
             try:

@@ -118,4 +118,4 @@ async def pgqueuer(args: argparse.Namespace, workdir: Path) -> str | None:
             await stop(worker, conns)
         for check in await _verify(dsn, worker, queue.reported, queue.enqueued):
             print(f"-- {check}")
-    return summary(samples, "jobs")
+    return summary(samples, "jobs", args.hold)

@@ -28,6 +28,7 @@ class Sample:
     """One window: the load's figures and the database's."""
 
     phase: str
+    count: int
     rate: float
     p99: float
     max: float
@@ -92,7 +93,8 @@ def table_stats(url: str, hot: tuple[str, ...]) -> tuple[dict[str, int], dict[st
             " pg_stat_user_tables WHERE relname = ANY(%s)",
             (list(hot),),
         ).fetchall()
-    return {r[0]: int(r[1]) for r in rows}, {r[0]: int(r[2]) / 1e6 for r in rows}
+    by = {r[0]: r for r in sorted(rows, key=lambda r: hot.index(r[0]))}  # in ``hot``'s order
+    return {t: int(r[1]) for t, r in by.items()}, {t: int(r[2]) / 1e6 for t, r in by.items()}
 
 
 class Sampler:
@@ -212,6 +214,7 @@ async def windows(
             samples.append(
                 Sample(
                     phase,
+                    count,
                     count / span,
                     ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000,
                     ordered[-1] * 1000,
@@ -240,7 +243,7 @@ async def windows(
                     await asyncio.to_thread(explain, url, f"held {held_for:.0f} s")
                 elif t + args.window > args.before + args.hold + 0.5:
                     await asyncio.to_thread(explain, url, f"held {held_for:.0f} s")
-            if phase == "before" and t + args.window > args.before + 0.5:
+            if phase == "before" and args.hold > 0 and t + args.window > args.before + 0.5:
                 holder.hold()
             if phase == "held" and t + args.window > args.before + args.hold + 0.5:
                 holder.release()
@@ -254,13 +257,21 @@ async def windows(
     return samples
 
 
-def summary(samples: list[Sample], unit: str) -> str | None:
+def summary(samples: list[Sample], unit: str, hold: float) -> str | None:
     """The worst window of the hold against the median before it (the first window
-    before is left out: it warms up), printed and returned; None when too short."""
+    before is left out: it warms up), printed and returned after the space the hot
+    tables took (:func:`space`); None when too short.  Without a hold (``hold`` 0) the
+    run is a baseline: the same load, whose space a run with a hold is held against."""
     before = [s for s in samples if s.phase == "before"][1:] or [
         s for s in samples if s.phase == "before"
     ]
     held = [s for s in samples if s.phase == "held"]
+    if samples:
+        space(samples, unit)
+    if before and not hold:
+        verdict = f"no hold: {statistics.median(s.rate for s in before):,.0f} {unit}/s"
+        print(verdict, flush=True)
+        return verdict
     if not before or not held:
         print("too short: no window before or during the hold")
         return None
@@ -277,6 +288,19 @@ def summary(samples: list[Sample], unit: str) -> str | None:
     )
     print(f"worst window of the hold: {verdict}", flush=True)
     return verdict
+
+
+def space(samples: list[Sample], unit: str) -> None:
+    """What the hot tables take at the end of the run, in all and per unit of the load
+    done.  Held against a run of the same paced load without a hold (``--hold 0``),
+    it says whether the dead rows a hold left behind were taken back and reused, or
+    are still paid for."""
+    done = sum(s.count for s in samples)
+    mb = samples[-1].mb
+    total = sum(mb.values())
+    each = ", ".join(f"{t} {v:,.1f}" for t, v in mb.items())
+    per = f"{total * 1e6 / done:,.0f} bytes per {unit[:-1]}" if done else "nothing done"
+    print(f"space at the end: {total:,.1f} MB ({each}) after {done:,} {unit}: {per}", flush=True)
 
 
 def _per(

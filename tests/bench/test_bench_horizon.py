@@ -55,6 +55,25 @@ def test_troth_is_measured_in_windows_before_during_and_after_the_hold(
     assert cost is not None and float(cost.group(1)) > 0, out
 
 
+def test_a_run_without_a_hold_holds_nothing_and_reports_its_space() -> None:
+    """``--hold 0`` is the baseline a held run's space is compared with: no window is
+    held, no other session holds the horizon (the dead rows of its windows are taken
+    back), and the space line counts what was done."""
+    out = horizon("--clients", "2", "--workers", "1", "--rate", "40", "--hold", "0")
+    seen = phases(out, "tasks")
+    assert {p for p, _ in seen} == {"before", "after"}, out
+    assert re.search(r"^no hold: [\d,]+ tasks/s", out, re.M), out
+    space = re.search(
+        r"space at the end: ([\d.,]+) MB \(outbox [\d.,]+, tasks [\d.,]+, promises [\d.,]+\)"
+        r" after ([\d,]+) tasks: ([\d,]+) bytes per task",
+        out,
+    )
+    assert space is not None, out
+    mb, done, per = (float(g.replace(",", "")) for g in space.groups())
+    assert done == pytest.approx(sum(r for _, r in seen), rel=0.2), out
+    assert per * done / 1e6 == pytest.approx(mb, abs=0.051), out  # MB printed to 0.1
+
+
 def test_pgqueuer_is_measured_beside_it() -> None:
     pytest.importorskip("pgqueuer", reason="pip install -e './bench[pgqueuer]'")
     out = horizon("--clients", "2", "--workers", "1", "--peer", "pgqueuer", "--producers", "4")
