@@ -28,12 +28,15 @@ VERSION = "2026-04-01"
 _corr = itertools.count(1)
 
 
-def wait_for(what: str, check: Callable[[], object], timeout: float = 10.0) -> None:
-    """Poll ``check`` until it holds; fail the test saying ``what`` did not happen."""
+def wait_for(
+    what: str, check: Callable[[], object], timeout: float = 10.0, every: float = 0.02
+) -> None:
+    """Poll ``check`` every ``every`` seconds until it holds; fail the test saying
+    ``what`` did not happen."""
     deadline = time.monotonic() + timeout
     while not check():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
+        time.sleep(every)
 
 
 def free_port() -> int:

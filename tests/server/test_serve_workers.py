@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -17,7 +18,7 @@ import httpx
 import psycopg
 import pytest
 
-from helpers import pg
+from helpers import pg, support
 from helpers.support import VERSION, free_port
 
 
@@ -37,12 +38,9 @@ def pg_url() -> Iterator[str]:
         yield url
 
 
-def wait_for(what: str, check: Callable[[], bool], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
+#: Processes start and stop here, and a check may open a connection: a minute unless a
+#: call says otherwise, polled every 0.1 s.
+wait_for = functools.partial(support.wait_for, timeout=60.0, every=0.1)
 
 
 @contextmanager
