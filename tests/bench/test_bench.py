@@ -288,7 +288,9 @@ def test_pgqueuer_peer_runs_tiny_and_verifies(tmp_path: Path) -> None:
     """The peer's harness, when the optional extra is installed (not in CI's install)."""
     pytest.importorskip("pgqueuer")
     pytest.importorskip("asyncpg")
-    opts = replace(PG_TINY, warmup=0.2, duration=0.5, peer_jobs=300, peer_batch=50)
+    # The window counts completions only: 2 s, since a consumer on a loaded machine may
+    # take most of a second to report its first (0.5 s once saw none).
+    opts = replace(PG_TINY, warmup=0.2, duration=2.0, peer_jobs=300, peer_batch=50)
 
     async def both() -> tuple[Result, Result]:
         one = await peers.single(ADMIN_URL, opts, 4, 1, tmp_path, inflight=4)
