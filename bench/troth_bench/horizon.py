@@ -311,7 +311,16 @@ def main(argv: list[str] | None = None) -> int:
         default="postgresql://postgres@127.0.0.1:5432/postgres",
         help="maintenance database the throwaway database is created from",
     )
-    return asyncio.run(run(p.parse_args(argv)))
+    args = p.parse_args(argv)
+    if 0 < args.hold < args.window:
+        # No window would be judged held: say so now, not after minutes of load.
+        print(
+            f"troth-bench horizon: a hold of {args.hold:g} s is shorter than a window"
+            f" ({args.window:g} s, --window): nothing would be measured while held",
+            file=sys.stderr,
+        )
+        return 2
+    return asyncio.run(run(args))
 
 
 if __name__ == "__main__":

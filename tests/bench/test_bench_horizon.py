@@ -84,6 +84,28 @@ def test_pgqueuer_is_measured_beside_it() -> None:
     assert re.search(r"^\s+pgqueuer\s+[\d,]+ jobs/s = [\d.]+x", side, re.M), out
 
 
+def test_a_hold_shorter_than_a_window_is_refused_before_any_load() -> None:
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "troth_bench.horizon",
+            "--hold",
+            "10",
+            "--window",
+            "20",
+            "--postgres-admin",
+            "postgresql://nobody@127.0.0.1:1/none",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "a hold of 10 s is shorter than a window (20 s, --window)" in r.stderr
+    assert r.stdout == ""  # nothing started: no database, no server
+
+
 def test_troth_bench_hold_horizon_needs_postgres() -> None:
     r = subprocess.run(
         [sys.executable, "-m", "troth.cli.main", "bench", "--hold-horizon", "5"],
