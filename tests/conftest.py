@@ -4,6 +4,7 @@ PostgreSQL database per test module."""
 from __future__ import annotations
 
 import logging
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +14,14 @@ from helpers import pg
 from helpers.support import RunningServer, running_server
 from troth.server.config import Settings
 from troth.server.logs import QUIET
+
+# A run begun as a script's background job (``cmd &``) inherits SIGINT ignored, and so
+# would every process a test starts, since Python leaves an ignored SIGINT ignored: a
+# ``troth serve`` stopped with Ctrl-C would then exit 0, not 130.  Each test process
+# (pytest's and each xdist worker's) takes the default back, so its children start as
+# from a terminal.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 #: Loggers ``troth serve`` configures (``server/logs.py``, ``server/run.py``).
 CONFIGURED = ("troth", "troth.access", "uvicorn", "uvicorn.error", "uvicorn.access", *QUIET)

@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 import time
@@ -43,18 +42,9 @@ def started(cmd: list[str], url: str, log: Path, **popen: Any) -> Iterator[subpr
 
 
 @contextmanager
-def serve(
-    args: list[str], cwd: Path, log: Path, sigint: bool = False
-) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
-    """``troth serve ARGS`` in ``cwd``; with ``sigint``, SIGINT at its default in the
-    child whatever this process inherited (see test_serve.py's Ctrl-C test)."""
+def serve(args: list[str], cwd: Path, log: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     port = free_port()
     cmd = [sys.executable, "-m", "troth.cli.main", *args, "--port", str(port)]
     url = f"http://127.0.0.1:{port}"
-    reset = {"preexec_fn": _default_sigint} if sigint else {}
-    with started(cmd, url, log, cwd=cwd, **reset) as proc:
+    with started(cmd, url, log, cwd=cwd) as proc:
         yield proc, url
-
-
-def _default_sigint() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
